@@ -1,0 +1,457 @@
+//! `confighash stamp`: stamps workloads in Kubernetes YAML offline.
+//!
+//! Each workload's references are resolved against the ConfigMaps and Secrets of the same input,
+//! in the same namespace. Documents are written back in order; those it does not change are copied
+//! byte for byte. Stamps made here are for inspection and render pipelines: a cluster's webhook
+//! stamps with its own key.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
+use crate::patch;
+use crate::refs::{ObjectKind, ObjectRef, References, Selection};
+use crate::workload::{self, Analysis, ENABLED_LABEL, WorkloadKind};
+
+/// One input: a file's text and the name errors call it by.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub name: String,
+    pub text: String,
+}
+
+/// How to stamp.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The namespace of documents that name none.
+    pub namespace: String,
+    /// HMAC key; `None` makes plain stamps.
+    pub key: Option<StampKey>,
+    /// Report references and stamps instead of writing the documents.
+    pub explain: bool,
+}
+
+/// A problem with the input, located by file, document (1-based) and line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{source_name}: document {document} (line {line}): {message}")]
+pub struct InputError {
+    pub source_name: String,
+    pub document: usize,
+    pub line: usize,
+    pub message: String,
+}
+
+/// What `stamp` produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Output {
+    /// The documents (or, with `explain`, the report).
+    pub text: String,
+    /// Things worth a look that did not stop the run, such as references the input lacks.
+    pub warnings: Vec<String>,
+}
+
+/// One YAML document of a source.
+struct Doc<'a> {
+    source: usize,
+    /// 1-based position in its source.
+    index: usize,
+    /// 1-based line of the document's first line.
+    line: usize,
+    /// The `---` line that opened the document, or "" for the first.
+    separator: &'a str,
+    body: &'a str,
+    value: Value,
+    changed: bool,
+}
+
+/// A Kubernetes object found in a document: the document and, inside a `List`, the item.
+#[derive(Clone, Copy)]
+struct Place {
+    doc: usize,
+    item: Option<usize>,
+}
+
+struct Config {
+    place: Place,
+    ignored: bool,
+    digest: ObjectDigest,
+}
+
+/// Stamps every supported workload of `sources`.
+pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> {
+    let mut docs = Vec::new();
+    for (i, source) in sources.iter().enumerate() {
+        for (index, (line, separator, body)) in split(&source.text).into_iter().enumerate() {
+            docs.push(parse(sources, i, index + 1, line, separator, body)?);
+        }
+    }
+
+    let mut places = Vec::new();
+    for (d, doc) in docs.iter().enumerate() {
+        match doc.value.get("items").and_then(Value::as_array) {
+            Some(items) if is_list(&doc.value) => {
+                places.extend((0..items.len()).map(|i| Place {
+                    doc: d,
+                    item: Some(i),
+                }));
+            }
+            _ => places.push(Place { doc: d, item: None }),
+        }
+    }
+    let object = |docs: &[Doc<'_>], p: Place| -> Value {
+        let v = &docs[p.doc].value;
+        match p.item {
+            Some(i) => v["items"][i].clone(),
+            None => v.clone(),
+        }
+    };
+
+    let mut configs: HashMap<(String, ObjectRef), Config> = HashMap::new();
+    for &place in &places {
+        let obj = object(&docs, place);
+        let Some((kind, name, ignored, digest)) =
+            read_config(&obj).map_err(|m| error(sources, &docs[place.doc], m))?
+        else {
+            continue;
+        };
+        let ns = namespace(&obj, options);
+        let key = (ns.clone(), ObjectRef::new(kind, name));
+        let config = Config {
+            place,
+            ignored,
+            digest,
+        };
+        if let Some(first) = configs.insert(key.clone(), config) {
+            let first = &docs[first.place.doc];
+            return Err(error(
+                sources,
+                &docs[place.doc],
+                format!(
+                    "{} is defined twice in namespace {ns}: first in {}, document {}",
+                    key.1, sources[first.source].name, first.index
+                ),
+            ));
+        }
+    }
+
+    let mut out = Output::default();
+    for &place in &places {
+        let mut obj = object(&docs, place);
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        let Some(kind) = WorkloadKind::from_type(api_version, kind) else {
+            continue;
+        };
+        let doc = &docs[place.doc];
+        let info = match workload::analyze(kind, &obj) {
+            Ok(Analysis::Workload(info)) => info,
+            Ok(Analysis::WorkloadRef) => {
+                if options.explain {
+                    let title = title(kind, &obj, options);
+                    writeln!(out.text, "{title}\n  skipped: uses workloadRef\n").ok();
+                }
+                continue;
+            }
+            Ok(Analysis::Unsupported) => continue,
+            Err(e) => return Err(error(sources, doc, format!("{kind}: {e}"))),
+        };
+        let ns = namespace(&obj, options);
+        let title = title(kind, &obj, options);
+        if info.opted_out {
+            if options.explain {
+                writeln!(
+                    out.text,
+                    "{title}\n  skipped: labelled {ENABLED_LABEL}=false\n"
+                )
+                .ok();
+            }
+            continue;
+        }
+        for rejected in info.refs.rejected() {
+            out.warnings.push(format!(
+                "{title}: {rejected:?} in an extra-reference annotation is not a valid name; left out"
+            ));
+        }
+        let lookup = |r: &ObjectRef| configs.get(&(ns.clone(), r.clone()));
+        let stamp =
+            checksum::compute_stamp(options.key.as_ref(), &info.refs, |r| match lookup(r) {
+                None => RefState::Absent,
+                Some(c) if c.ignored => RefState::Ignored,
+                Some(c) => RefState::Present(&c.digest),
+            });
+        for (r, spec) in info.refs.iter() {
+            if lookup(r).is_none() && !spec.optional {
+                out.warnings.push(format!(
+                    "{title} references {r}, which is not in the input (namespace {ns})"
+                ));
+            }
+        }
+        if options.explain {
+            explain(&mut out.text, &title, &info.refs, lookup, stamp.as_str());
+            continue;
+        }
+        let ops = patch::build(&obj, kind, Some(stamp.as_str()), false)
+            .map_err(|e| error(sources, doc, format!("{kind}: {e}")))?;
+        if ops.0.is_empty() {
+            continue;
+        }
+        json_patch::patch(&mut obj, &ops)
+            .map_err(|e| error(sources, doc, format!("{kind}: cannot stamp: {e}")))?;
+        let doc = &mut docs[place.doc];
+        match place.item {
+            Some(i) => doc.value["items"][i] = obj,
+            None => doc.value = obj,
+        }
+        doc.changed = true;
+    }
+
+    if !options.explain {
+        out.text = render(sources, &docs)?;
+    }
+    Ok(out)
+}
+
+/// Splits a YAML stream at its `---` lines. A line that starts with `---` followed by whitespace
+/// or its end always opens a document: YAML forbids such a line inside content.
+fn split(text: &str) -> Vec<(usize, &str, &str)> {
+    let mut docs = Vec::new();
+    let (mut start, mut sep_end, mut line, mut start_line) = (0, 0, 1, 1);
+    let mut pos = 0;
+    for l in text.split_inclusive('\n') {
+        let is_separator = l
+            .strip_prefix("---")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r', '\n']));
+        if is_separator {
+            if pos > 0 {
+                docs.push((start_line, &text[start..sep_end], &text[sep_end..pos]));
+            }
+            start = pos;
+            start_line = line;
+            // Content after `--- ` on the same line belongs to the document.
+            let rest = l[3..].trim_start();
+            sep_end = if rest.is_empty() || rest.starts_with('#') {
+                pos + l.len()
+            } else {
+                pos + 3
+            };
+        }
+        pos += l.len();
+        line += 1;
+    }
+    if pos > start || docs.is_empty() {
+        docs.push((start_line, &text[start..sep_end], &text[sep_end..]));
+    }
+    docs
+}
+
+fn parse<'a>(
+    sources: &[Source],
+    source: usize,
+    index: usize,
+    line: usize,
+    separator: &'a str,
+    body: &'a str,
+) -> Result<Doc<'a>, InputError> {
+    let mut doc = Doc {
+        source,
+        index,
+        line,
+        separator,
+        body,
+        value: Value::Null,
+        changed: false,
+    };
+    if body.trim().is_empty() {
+        return Ok(doc);
+    }
+    match serde_saphyr::from_str::<Value>(body) {
+        Ok(value) => doc.value = value,
+        Err(e) => {
+            let line = e.location().map_or(line, |l| line + l.line() as usize - 1);
+            let message = first_line(&e.to_string());
+            return Err(InputError {
+                source_name: sources[source].name.clone(),
+                document: index,
+                line,
+                message: format!("not valid YAML: {message}"),
+            });
+        }
+    }
+    if !matches!(doc.value, Value::Object(_) | Value::Null) {
+        return Err(error(
+            sources,
+            &doc,
+            "a Kubernetes document must be a map".into(),
+        ));
+    }
+    Ok(doc)
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().trim().to_owned()
+}
+
+fn is_list(v: &Value) -> bool {
+    v.get("kind").and_then(Value::as_str) == Some("List")
+}
+
+fn error(sources: &[Source], doc: &Doc<'_>, message: String) -> InputError {
+    InputError {
+        source_name: sources[doc.source].name.clone(),
+        document: doc.index,
+        line: doc.line,
+        message,
+    }
+}
+
+fn namespace(obj: &Value, options: &Options) -> String {
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or(&options.namespace)
+        .to_owned()
+}
+
+fn title(kind: WorkloadKind, obj: &Value, options: &Options) -> String {
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+    format!(
+        "{kind} {}/{}",
+        namespace(obj, options),
+        name.unwrap_or("<unnamed>")
+    )
+}
+
+/// Reads a ConfigMap or Secret (core/v1): its kind, name, ignore annotation and entry digests.
+fn read_config(obj: &Value) -> Result<Option<(ObjectKind, String, bool, ObjectDigest)>, String> {
+    if obj.get("apiVersion").and_then(Value::as_str) != Some("v1") {
+        return Ok(None);
+    }
+    let (kind, meta, digest) = match obj.get("kind").and_then(Value::as_str) {
+        Some("ConfigMap") => {
+            let cm = ConfigMap::deserialize(obj).map_err(|e| format!("ConfigMap: {e}"))?;
+            let view = ObjectView::config_map(&cm).map_err(|e| e.to_string())?;
+            (
+                ObjectKind::ConfigMap,
+                cm.metadata.clone(),
+                ObjectDigest::from_view(&view),
+            )
+        }
+        Some("Secret") => {
+            let secret = Secret::deserialize(obj).map_err(|e| format!("Secret: {e}"))?;
+            let view = ObjectView::secret(&secret);
+            (
+                ObjectKind::Secret,
+                secret.metadata.clone(),
+                ObjectDigest::from_view(&view),
+            )
+        }
+        _ => return Ok(None),
+    };
+    let name = match meta.name {
+        Some(name) if !name.is_empty() => name,
+        _ => return Err(format!("{} has no metadata.name", kind.as_str())),
+    };
+    let ignored = checksum::is_ignored(meta.annotations.as_ref());
+    Ok(Some((kind, name, ignored, digest)))
+}
+
+fn explain<'c>(
+    out: &mut String,
+    title: &str,
+    refs: &References,
+    lookup: impl Fn(&ObjectRef) -> Option<&'c Config>,
+    stamp: &str,
+) {
+    writeln!(out, "{title}").ok();
+    if refs.is_empty() {
+        writeln!(out, "  no references").ok();
+    }
+    for (r, spec) in refs.iter() {
+        let need = if spec.optional {
+            "optional"
+        } else {
+            "required"
+        };
+        let config = lookup(r);
+        let found = match config {
+            None => "absent".to_owned(),
+            Some(c) if c.ignored => format!("ignored ({})", checksum::IGNORE_ANNOTATION),
+            Some(c) => match c.digest.len() {
+                1 => "found, 1 key".to_owned(),
+                n => format!("found, {n} keys"),
+            },
+        };
+        let selection = match &spec.selection {
+            Selection::Whole => "whole object".to_owned(),
+            Selection::Keys(keys) => {
+                let keys: Vec<String> = keys
+                    .iter()
+                    .map(|k| match config {
+                        Some(c)
+                            if !c.ignored && checksum::Entries::entry(&c.digest, k).is_none() =>
+                        {
+                            format!("{k} (absent)")
+                        }
+                        _ => k.clone(),
+                    })
+                    .collect();
+                format!("keys {}", keys.join(", "))
+            }
+        };
+        writeln!(out, "  {r}: {selection}, {need}: {found}").ok();
+    }
+    for r in refs.rejected() {
+        writeln!(
+            out,
+            "  {}: {:?} is not a valid name, left out",
+            r.kind.as_str(),
+            r.name
+        )
+        .ok();
+    }
+    writeln!(out, "  stamp: {stamp}\n").ok();
+}
+
+/// Writes every document back: unchanged ones byte for byte, changed ones re-serialized.
+fn render(sources: &[Source], docs: &[Doc<'_>]) -> Result<String, InputError> {
+    let mut text = String::new();
+    let mut last_source = None;
+    for doc in docs {
+        if last_source.is_some_and(|s| s != doc.source) {
+            // A new file: make sure its first document stays a document of its own.
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            if doc.separator.is_empty() {
+                text.push_str("---\n");
+            }
+        }
+        last_source = Some(doc.source);
+        if !doc.changed {
+            text.push_str(doc.separator);
+            text.push_str(doc.body);
+            continue;
+        }
+        let yaml = serde_saphyr::to_string(&doc.value).map_err(|e| {
+            error(
+                sources,
+                doc,
+                format!("cannot write the stamped document: {e}"),
+            )
+        })?;
+        if !doc.separator.is_empty() {
+            // Keeps a comment on the `---` line; content there is now part of `yaml`.
+            text.push_str(doc.separator.trim_end());
+            text.push('\n');
+        }
+        text.push_str(&yaml);
+        if !yaml.ends_with('\n') {
+            text.push('\n');
+        }
+    }
+    Ok(text)
+}

@@ -1,0 +1,268 @@
+//! Reference discovery: which ConfigMaps and Secrets (and which of their keys) a pod template uses.
+//!
+//! References come from `env[].valueFrom`, `envFrom[]` and mounted volumes of every container and
+//! initContainer, plus the `confighash.dev/extra-*` annotations on the workload. Several references
+//! to one object merge: a whole-object reference wins over key references, key sets union, and the
+//! object is optional only if every reference to it says `optional: true`.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use k8s_openapi::api::core::v1::{Container, KeyToPath, PodSpec, Volume};
+
+/// Workload annotation naming extra ConfigMaps (comma separated) the pod spec does not show.
+pub const EXTRA_CONFIGMAPS_ANNOTATION: &str = "confighash.dev/extra-configmaps";
+/// Workload annotation naming extra Secrets (comma separated) the pod spec does not show.
+pub const EXTRA_SECRETS_ANNOTATION: &str = "confighash.dev/extra-secrets";
+
+/// The two kinds of object a workload can reference. Ordered as the recipe orders them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKind {
+    ConfigMap,
+    Secret,
+}
+
+impl ObjectKind {
+    /// The kind name, as the API and the recipe spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::ConfigMap => "ConfigMap",
+            ObjectKind::Secret => "Secret",
+        }
+    }
+}
+
+/// One referenced object in the workload's namespace.
+/// Ordered by (kind, name) as bytes, the order the recipe hashes them in.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    pub kind: ObjectKind,
+    pub name: String,
+}
+
+impl ObjectRef {
+    pub fn new(kind: ObjectKind, name: impl Into<String>) -> Self {
+        ObjectRef {
+            kind,
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.kind.as_str(), self.name)
+    }
+}
+
+/// Which entries of a referenced object count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every key.
+    Whole,
+    /// Only these keys.
+    Keys(BTreeSet<String>),
+}
+
+impl Selection {
+    fn key(key: &str) -> Self {
+        Selection::Keys(BTreeSet::from([key.to_owned()]))
+    }
+
+    fn merge(&mut self, other: Selection) {
+        match (&mut *self, other) {
+            (Selection::Whole, _) => {}
+            (_, Selection::Whole) => *self = Selection::Whole,
+            (Selection::Keys(mine), Selection::Keys(theirs)) => mine.extend(theirs),
+        }
+    }
+}
+
+/// The merged reference to one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefSpec {
+    pub selection: Selection,
+    /// True only if every reference to the object says `optional: true`.
+    pub optional: bool,
+}
+
+/// Every object a workload references, merged per object, in recipe order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct References {
+    refs: BTreeMap<ObjectRef, RefSpec>,
+    rejected: Vec<ObjectRef>,
+}
+
+impl References {
+    /// Adds one reference, merging it with earlier ones to the same object.
+    /// Empty names are not references (the API server refuses them).
+    pub fn add(&mut self, kind: ObjectKind, name: &str, selection: Selection, optional: bool) {
+        if name.is_empty() {
+            return;
+        }
+        match self.refs.get_mut(&ObjectRef::new(kind, name)) {
+            Some(spec) => {
+                spec.selection.merge(selection);
+                spec.optional &= optional;
+            }
+            None => {
+                self.refs.insert(
+                    ObjectRef::new(kind, name),
+                    RefSpec {
+                        selection,
+                        optional,
+                    },
+                );
+            }
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&ObjectRef, &RefSpec)> {
+        self.refs.iter()
+    }
+
+    pub fn get(&self, obj: &ObjectRef) -> Option<&RefSpec> {
+        self.refs.get(obj)
+    }
+
+    pub fn len(&self) -> usize {
+        self.refs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+
+    /// Names in the extra-reference annotations that are not valid object names, left out.
+    pub fn rejected(&self) -> &[ObjectRef] {
+        &self.rejected
+    }
+}
+
+/// Finds every reference of a pod spec and of the workload's metadata annotations.
+pub fn discover(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) -> References {
+    let mut refs = References::default();
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let containers = init.iter().chain(&spec.containers);
+
+    let mut mounted: HashSet<&str> = HashSet::new();
+    for c in containers.clone() {
+        add_container_refs(&mut refs, c);
+        if let Some(mounts) = &c.volume_mounts {
+            mounted.extend(mounts.iter().map(|m| m.name.as_str()));
+        }
+    }
+    for v in spec.volumes.as_deref().unwrap_or_default() {
+        if mounted.contains(v.name.as_str()) {
+            add_volume_refs(&mut refs, v);
+        }
+    }
+    if let Some(annotations) = annotations {
+        for (annotation, kind) in [
+            (EXTRA_CONFIGMAPS_ANNOTATION, ObjectKind::ConfigMap),
+            (EXTRA_SECRETS_ANNOTATION, ObjectKind::Secret),
+        ] {
+            for name in annotations
+                .get(annotation)
+                .into_iter()
+                .flat_map(|v| split_names(v))
+            {
+                if is_object_name(name) {
+                    refs.add(kind, name, Selection::Whole, false);
+                } else {
+                    refs.rejected.push(ObjectRef::new(kind, name));
+                }
+            }
+        }
+    }
+    refs
+}
+
+/// Splits an extra-reference annotation: on commas, whitespace trimmed, empty items dropped.
+pub fn split_names(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+/// Whether `name` is a valid ConfigMap or Secret name (a DNS-1123 subdomain).
+pub fn is_object_name(name: &str) -> bool {
+    name.len() <= 253
+        && name.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b[0] != b'-'
+                && b[b.len() - 1] != b'-'
+        })
+}
+
+fn add_container_refs(refs: &mut References, c: &Container) {
+    for env in c.env.as_deref().unwrap_or_default() {
+        let Some(from) = &env.value_from else {
+            continue;
+        };
+        if let Some(r) = &from.config_map_key_ref {
+            let optional = r.optional.unwrap_or(false);
+            refs.add(
+                ObjectKind::ConfigMap,
+                &r.name,
+                Selection::key(&r.key),
+                optional,
+            );
+        }
+        if let Some(r) = &from.secret_key_ref {
+            let optional = r.optional.unwrap_or(false);
+            refs.add(
+                ObjectKind::Secret,
+                &r.name,
+                Selection::key(&r.key),
+                optional,
+            );
+        }
+    }
+    for from in c.env_from.as_deref().unwrap_or_default() {
+        if let Some(r) = &from.config_map_ref {
+            let optional = r.optional.unwrap_or(false);
+            refs.add(ObjectKind::ConfigMap, &r.name, Selection::Whole, optional);
+        }
+        if let Some(r) = &from.secret_ref {
+            let optional = r.optional.unwrap_or(false);
+            refs.add(ObjectKind::Secret, &r.name, Selection::Whole, optional);
+        }
+    }
+}
+
+fn add_volume_refs(refs: &mut References, v: &Volume) {
+    if let Some(cm) = &v.config_map {
+        let optional = cm.optional.unwrap_or(false);
+        refs.add(ObjectKind::ConfigMap, &cm.name, items(&cm.items), optional);
+    }
+    if let Some(s) = &v.secret {
+        if let Some(name) = &s.secret_name {
+            refs.add(
+                ObjectKind::Secret,
+                name,
+                items(&s.items),
+                s.optional.unwrap_or(false),
+            );
+        }
+    }
+    let sources = v.projected.as_ref().and_then(|p| p.sources.as_deref());
+    for source in sources.unwrap_or_default() {
+        if let Some(cm) = &source.config_map {
+            let optional = cm.optional.unwrap_or(false);
+            refs.add(ObjectKind::ConfigMap, &cm.name, items(&cm.items), optional);
+        }
+        if let Some(s) = &source.secret {
+            let optional = s.optional.unwrap_or(false);
+            refs.add(ObjectKind::Secret, &s.name, items(&s.items), optional);
+        }
+    }
+}
+
+/// `items` selects keys; absent or empty `items` projects every key (as the kubelet does).
+fn items(items: &Option<Vec<KeyToPath>>) -> Selection {
+    match items.as_deref() {
+        None | Some([]) => Selection::Whole,
+        Some(items) => Selection::Keys(items.iter().map(|i| i.key.clone()).collect()),
+    }
+}

@@ -1,0 +1,241 @@
+//! Workload kinds and where their pod template is.
+//!
+//! Works on the object as JSON (`serde_json::Value`), the form both admission reviews and YAML
+//! manifests arrive in, so that kinds without k8s-openapi types (Argo Rollouts) are handled the
+//! same way and fields this crate does not know about are never lost.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodSpec;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::refs::{self, References};
+
+/// Label on a workload that opts it out (value `false`) of a namespace that is opted in.
+pub const ENABLED_LABEL: &str = "confighash.dev/enabled";
+/// The stamped annotation on the pod template.
+pub const CHECKSUM_ANNOTATION: &str = "confighash.dev/checksum";
+/// Workload metadata annotation marking a CREATE that could not be stamped.
+pub const UNSTAMPED_ANNOTATION: &str = "confighash.dev/unstamped";
+/// The value of [`UNSTAMPED_ANNOTATION`].
+pub const UNSTAMPED_LOOKUP_FAILED: &str = "lookup-failed";
+
+/// The workload kinds whose pod templates are stamped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkloadKind {
+    Deployment,
+    StatefulSet,
+    DaemonSet,
+    CronJob,
+    Rollout,
+}
+
+impl WorkloadKind {
+    pub const ALL: [WorkloadKind; 5] = [
+        WorkloadKind::Deployment,
+        WorkloadKind::StatefulSet,
+        WorkloadKind::DaemonSet,
+        WorkloadKind::CronJob,
+        WorkloadKind::Rollout,
+    ];
+
+    /// The kind for an API group and kind (`apps`, `Deployment`); any served version is accepted.
+    pub fn from_group_kind(group: &str, kind: &str) -> Option<Self> {
+        WorkloadKind::ALL
+            .into_iter()
+            .find(|k| k.group() == group && k.kind() == kind)
+    }
+
+    /// The kind for an `apiVersion` and `kind` pair as manifests spell them.
+    pub fn from_type(api_version: &str, kind: &str) -> Option<Self> {
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        Self::from_group_kind(group, kind)
+    }
+
+    pub fn group(self) -> &'static str {
+        match self {
+            WorkloadKind::Deployment | WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => {
+                "apps"
+            }
+            WorkloadKind::CronJob => "batch",
+            WorkloadKind::Rollout => "argoproj.io",
+        }
+    }
+
+    pub fn kind(self) -> &'static str {
+        match self {
+            WorkloadKind::Deployment => "Deployment",
+            WorkloadKind::StatefulSet => "StatefulSet",
+            WorkloadKind::DaemonSet => "DaemonSet",
+            WorkloadKind::CronJob => "CronJob",
+            WorkloadKind::Rollout => "Rollout",
+        }
+    }
+
+    /// JSON path of the pod template inside the object.
+    pub fn template_path(self) -> &'static [&'static str] {
+        match self {
+            WorkloadKind::CronJob => &["spec", "jobTemplate", "spec", "template"],
+            _ => &["spec", "template"],
+        }
+    }
+}
+
+impl std::fmt::Display for WorkloadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.kind())
+    }
+}
+
+/// Why an object could not be read as a workload.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("{path} must be {expected}")]
+    Shape {
+        path: String,
+        expected: &'static str,
+    },
+    #[error("{kind} has no pod template at .{path}")]
+    NoTemplate { kind: WorkloadKind, path: String },
+    #[error("the pod spec is not valid: {0}")]
+    PodSpec(#[source] serde_json::Error),
+}
+
+/// What confighash does with an object.
+#[derive(Debug)]
+pub enum Analysis {
+    /// Not a kind confighash stamps (Jobs, Pods, anything else): passed through.
+    Unsupported,
+    /// A Rollout that uses `workloadRef`: its template lives elsewhere, passed through.
+    WorkloadRef,
+    /// A workload to stamp.
+    Workload(Box<WorkloadInfo>),
+}
+
+/// What the stamp rules need to know about a workload.
+#[derive(Debug, Clone)]
+pub struct WorkloadInfo {
+    pub kind: WorkloadKind,
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    /// Labelled `confighash.dev/enabled=false`.
+    pub opted_out: bool,
+    pub refs: References,
+    /// The stamp on the pod template, if any.
+    pub stamp: Option<String>,
+    /// Whether the workload carries the `confighash.dev/unstamped` marker.
+    pub marker: bool,
+}
+
+/// Reads an object of a known workload kind.
+pub fn analyze(kind: WorkloadKind, obj: &Value) -> Result<Analysis, WorkloadError> {
+    if kind == WorkloadKind::Rollout && !obj.pointer("/spec/workloadRef").is_none_or(Value::is_null)
+    {
+        return Ok(Analysis::WorkloadRef);
+    }
+    let metadata = object_at(obj, &["metadata"])?;
+    let labels = string_map(metadata, "metadata", "labels")?;
+    let annotations = string_map(metadata, "metadata", "annotations")?;
+    let template = template(kind, obj)?.ok_or_else(|| WorkloadError::NoTemplate {
+        kind,
+        path: kind.template_path().join("."),
+    })?;
+    let template_meta = object_at(template, &["metadata"])?;
+    let template_annotations = string_map(template_meta, "template.metadata", "annotations")?;
+    let spec = match template.get("spec") {
+        Some(spec) if !spec.is_null() => {
+            PodSpec::deserialize(spec).map_err(WorkloadError::PodSpec)?
+        }
+        _ => PodSpec::default(),
+    };
+    Ok(Analysis::Workload(Box::new(WorkloadInfo {
+        kind,
+        name: string_at(metadata, "name"),
+        namespace: string_at(metadata, "namespace"),
+        opted_out: labels.is_some_and(|l| l.get(ENABLED_LABEL).is_some_and(|v| v == "false")),
+        refs: refs::discover(&spec, annotations.as_ref()),
+        stamp: template_annotations.and_then(|mut a| a.remove(CHECKSUM_ANNOTATION)),
+        marker: annotations.is_some_and(|a| a.contains_key(UNSTAMPED_ANNOTATION)),
+    })))
+}
+
+/// The pod template of a workload, or `None` if the object has none.
+pub fn template(kind: WorkloadKind, obj: &Value) -> Result<Option<&Value>, WorkloadError> {
+    let mut here = obj;
+    for (i, token) in kind.template_path().iter().enumerate() {
+        match here.get(token) {
+            None | Some(Value::Null) => return Ok(None),
+            Some(v @ Value::Object(_)) => here = v,
+            Some(_) => {
+                return Err(WorkloadError::Shape {
+                    path: kind.template_path()[..=i].join("."),
+                    expected: "an object",
+                });
+            }
+        }
+    }
+    Ok(Some(here))
+}
+
+/// The pod template with the checksum annotation taken out, for "is the template otherwise
+/// unchanged" comparisons. An annotation map left empty compares equal to none.
+pub fn template_without_stamp(kind: WorkloadKind, obj: &Value) -> Option<Value> {
+    let mut t = template(kind, obj).ok().flatten()?.clone();
+    if let Some(meta) = t.get_mut("metadata").and_then(Value::as_object_mut) {
+        if let Some(a) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+            a.remove(CHECKSUM_ANNOTATION);
+            if a.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+        if meta.get("annotations").is_some_and(Value::is_null) {
+            meta.remove("annotations");
+        }
+        if meta.is_empty() {
+            t.as_object_mut().map(|o| o.remove("metadata"));
+        }
+    }
+    Some(t)
+}
+
+/// `obj` at `path` if it is an object; a missing or null value reads as an empty object.
+fn object_at<'v>(obj: &'v Value, path: &[&str]) -> Result<&'v Value, WorkloadError> {
+    static EMPTY: Value = Value::Null;
+    let mut here = obj;
+    for token in path {
+        here = here.get(token).unwrap_or(&EMPTY);
+    }
+    match here {
+        Value::Object(_) | Value::Null => Ok(here),
+        _ => Err(WorkloadError::Shape {
+            path: path.join("."),
+            expected: "an object",
+        }),
+    }
+}
+
+fn string_at(obj: &Value, key: &str) -> Option<String> {
+    obj.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// A string-to-string map such as labels or annotations; absent or null reads as `None`.
+fn string_map(
+    obj: &Value,
+    parent: &str,
+    key: &str,
+) -> Result<Option<BTreeMap<String, String>>, WorkloadError> {
+    let bad = || WorkloadError::Shape {
+        path: format!("{parent}.{key}"),
+        expected: "a map of strings",
+    };
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.as_str().ok_or_else(bad)?.to_owned())))
+            .collect::<Result<_, _>>()
+            .map(Some),
+        Some(_) => Err(bad()),
+    }
+}
