@@ -59,7 +59,7 @@ struct Doc<'a> {
     source: usize,
     /// 1-based position in its source.
     index: usize,
-    /// 1-based line of the document's first line.
+    /// 1-based line where the document's content starts.
     line: usize,
     /// The `---` line that opened the document, or "" for the first.
     separator: &'a str,
@@ -234,6 +234,7 @@ fn split(text: &str) -> Vec<(usize, &str, &str)> {
             // Content after `--- ` on the same line belongs to the document.
             let rest = l[3..].trim_start();
             sep_end = if rest.is_empty() || rest.starts_with('#') {
+                start_line += 1;
                 pos + l.len()
             } else {
                 pos + 3
@@ -271,8 +272,17 @@ fn parse<'a>(
     match serde_saphyr::from_str::<Value>(body) {
         Ok(value) => doc.value = value,
         Err(e) => {
-            let line = e.location().map_or(line, |l| line + l.line() as usize - 1);
-            let message = first_line(&e.to_string());
+            let location = e.location();
+            let line = location.map_or(line, |l| line + l.line() as usize - 1);
+            let mut message = first_line(&e.to_string());
+            // The parser's own location is relative to the document; ours replaces it.
+            message = message.trim_start_matches("error: ").to_owned();
+            if let Some(l) = location {
+                let prefix = format!("line {} column {}: ", l.line(), l.column());
+                if let Some(rest) = message.strip_prefix(&prefix) {
+                    message = format!("column {}: {rest}", l.column());
+                }
+            }
             return Err(InputError {
                 source_name: sources[source].name.clone(),
                 document: index,

@@ -1,0 +1,364 @@
+//! `confighash stamp` end to end: the real binary on files, directories and standard input.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+const VECTOR_1: &str = "v1:plain:6f004be85bf00fc0a69cd1e9d42b62cabd982c8b566f33df6c11c680b0e9e3ea";
+
+fn confighash(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_confighash"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_clear()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut input = child.stdin.take().unwrap();
+    // The binary may stop before reading its input (a refused key); that is not a failure here.
+    let _ = input.write_all(stdin.unwrap_or("").as_bytes());
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn ok(args: &[&str], stdin: Option<&str>) -> (String, String) {
+    let out = confighash(args, stdin);
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(out.status.success(), "confighash {args:?} failed: {stderr}");
+    (String::from_utf8(out.stdout).unwrap(), stderr)
+}
+
+fn fails(args: &[&str], stdin: Option<&str>) -> String {
+    let out = confighash(args, stdin);
+    assert!(!out.status.success(), "confighash {args:?} should fail");
+    assert!(
+        out.stdout.is_empty(),
+        "nothing may be half-written: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// Splits a stream at its `---` lines, keeping each document's text.
+fn documents(text: &str) -> Vec<String> {
+    let mut docs = vec![String::new()];
+    for line in text.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            docs.push(String::new());
+        }
+        docs.last_mut().unwrap().push_str(line);
+    }
+    docs
+}
+
+fn yaml(doc: &str) -> serde_json::Value {
+    serde_saphyr::from_str(doc.trim_start_matches("---\n")).unwrap()
+}
+
+fn stamp_of(doc: &serde_json::Value) -> Option<&str> {
+    let template = if doc["kind"] == "CronJob" {
+        &doc["spec"]["jobTemplate"]["spec"]["template"]
+    } else {
+        &doc["spec"]["template"]
+    };
+    template["metadata"]["annotations"]["confighash.dev/checksum"].as_str()
+}
+
+const APP: &str = "\
+# The app's environment.
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: app-env
+data:
+  LOG_LEVEL: info
+  PORT: \"8080\"
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: app
+spec:
+  selector: {matchLabels: {app: app}}
+  template:
+    metadata: {labels: {app: app}}
+    spec:
+      containers:
+        - name: app
+          image: example/app:1
+          envFrom: [{configMapRef: {name: app-env}}]
+";
+
+#[test]
+fn stamps_the_first_design_vector_from_yaml() {
+    let (out, stderr) = ok(&["stamp", "-f", "-"], Some(APP));
+    assert!(stderr.is_empty(), "{stderr}");
+    let docs = documents(&out);
+    assert_eq!(docs.len(), 2);
+    assert_eq!(
+        docs[0],
+        APP.split("---\n").next().unwrap(),
+        "untouched document is byte-identical"
+    );
+    assert_eq!(stamp_of(&yaml(&docs[1])), Some(VECTOR_1));
+}
+
+#[test]
+fn stamps_every_example_and_keeps_other_documents_byte_for_byte() {
+    for entry in std::fs::read_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")).unwrap()
+    {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let p = path.to_str().unwrap();
+        let input = std::fs::read_to_string(&path).unwrap();
+        let (out, stderr) = ok(&["stamp", "-f", p], None);
+        assert!(stderr.is_empty(), "{p}: {stderr}");
+        let (before, after) = (documents(&input), documents(&out));
+        assert_eq!(before.len(), after.len(), "{p}: document count");
+        let mut stamped = 0;
+        for (b, a) in before.iter().zip(&after) {
+            let kind = yaml(b)["kind"].as_str().unwrap_or_default().to_owned();
+            if ["Deployment", "StatefulSet", "DaemonSet", "CronJob"].contains(&kind.as_str()) {
+                let stamped_doc = yaml(a);
+                let stamp =
+                    stamp_of(&stamped_doc).unwrap_or_else(|| panic!("{p}: {kind} not stamped"));
+                assert!(stamp.starts_with("v1:plain:"), "{stamp}");
+                // Nothing but the stamp changed.
+                let mut restored = yaml(a);
+                let t = if kind == "CronJob" {
+                    &mut restored["spec"]["jobTemplate"]["spec"]["template"]
+                } else {
+                    &mut restored["spec"]["template"]
+                };
+                t["metadata"]["annotations"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("confighash.dev/checksum");
+                if t["metadata"]["annotations"].as_object().unwrap().is_empty() {
+                    t["metadata"].as_object_mut().unwrap().remove("annotations");
+                }
+                assert_eq!(restored, yaml(b), "{p}: {kind} changed beyond its stamp");
+                stamped += 1;
+            } else {
+                assert_eq!(a, b, "{p}: {kind} document must be copied byte for byte");
+            }
+        }
+        assert!(stamped > 0, "{p} has no workload");
+        // Stamping stamped output changes nothing.
+        let (again, _) = ok(&["stamp", "-f", "-"], Some(&out));
+        assert_eq!(again, out, "{p}: stamping is not idempotent");
+    }
+}
+
+#[test]
+fn a_directory_reads_its_yaml_files_in_name_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cm, deploy) = APP.split_once("---\n").unwrap();
+    std::fs::write(dir.path().join("b-deploy.yaml"), deploy).unwrap();
+    std::fs::write(dir.path().join("a-config.yml"), cm).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not yaml: [").unwrap();
+    let (out, _) = ok(&["stamp", "-f", dir.path().to_str().unwrap()], None);
+    let docs = documents(&out);
+    assert_eq!(docs.len(), 2, "{out}");
+    assert_eq!(docs[0], cm);
+    assert_eq!(stamp_of(&yaml(&docs[1])), Some(VECTOR_1));
+}
+
+#[test]
+fn explain_names_each_reference_and_a_missing_one() {
+    let input = APP.replace("envFrom: [{configMapRef: {name: app-env}}]", "envFrom: [{configMapRef: {name: app-env}}, {secretRef: {name: app-secrets}}]\n          env:\n            - {name: DB, valueFrom: {configMapKeyRef: {name: db, key: url, optional: true}}}");
+    let (out, stderr) = ok(&["stamp", "--explain", "-f", "-"], Some(&input));
+    assert!(out.contains("Deployment default/app"), "{out}");
+    assert!(
+        out.contains("ConfigMap app-env: whole object, required: found, 2 keys"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ConfigMap db: keys url, optional: absent"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Secret app-secrets: whole object, required: absent"),
+        "{out}"
+    );
+    assert!(out.contains("stamp: v1:plain:"), "{out}");
+    assert!(
+        stderr.contains("references Secret app-secrets, which is not in the input"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("ConfigMap db"),
+        "optional references are not warned about: {stderr}"
+    );
+}
+
+#[test]
+fn namespaces_keep_references_apart() {
+    let other_ns = APP.replacen(
+        "  name: app-env\n",
+        "  name: app-env\n  namespace: other\n",
+        1,
+    );
+    let (out, _) = ok(&["stamp", "--explain", "-f", "-"], Some(&other_ns));
+    assert!(
+        out.contains("ConfigMap app-env: whole object, required: absent"),
+        "{out}"
+    );
+    let (out, _) = ok(
+        &["stamp", "--explain", "--namespace", "other", "-f", "-"],
+        Some(&other_ns),
+    );
+    assert!(out.contains("Deployment other/app"), "{out}");
+    assert!(out.contains("required: found"), "{out}");
+}
+
+#[test]
+fn a_key_file_makes_hmac_stamps_and_short_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
+    let (out, _) = ok(
+        &["stamp", "--key-file", key.to_str().unwrap(), "-f", "-"],
+        Some(APP),
+    );
+    assert_eq!(
+        stamp_of(&yaml(&documents(&out)[1])),
+        Some("v1:3eb1bd43:4084ffa0af2c111a98d039d2aa796f61a55b363c85768d6c06c74021173632a3")
+    );
+    std::fs::write(&key, "short").unwrap();
+    let err = fails(
+        &["stamp", "--key-file", key.to_str().unwrap(), "-f", "-"],
+        Some(APP),
+    );
+    assert!(err.contains("at least 16 bytes"), "{err}");
+}
+
+#[test]
+fn malformed_yaml_names_file_document_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("broken.yaml");
+    std::fs::write(
+        &file,
+        format!("{APP}---\nkind: ConfigMap\nmetadata:\n  name: [unclosed\n"),
+    )
+    .unwrap();
+    let err = fails(&["stamp", "-f", file.to_str().unwrap()], None);
+    assert!(err.contains("broken.yaml: document 3 (line"), "{err}");
+    let line: usize = err
+        .split("(line ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // The unclosed bracket is on the fourth line after the input's own lines.
+    assert_eq!(line, APP.lines().count() + 4, "{err}");
+}
+
+#[test]
+fn invalid_objects_get_clear_errors() {
+    for (input, want) in [
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {PORT: 8080}\n",
+            "document 1",
+        ),
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {k: a}\nbinaryData: {k: YQ==}\n",
+            "in both data and binaryData",
+        ),
+        (
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\ndata: {k: '!!notbase64'}\n",
+            "Secret",
+        ),
+        (
+            "apiVersion: v1\nkind: ConfigMap\ndata: {k: a}\n",
+            "no metadata.name",
+        ),
+        ("- a\n- b\n", "must be a map"),
+        (
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {template: {spec: {containers: 3}}}\n",
+            "Deployment: the pod spec is not valid",
+        ),
+        (
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
+            "defined twice",
+        ),
+    ] {
+        let err = fails(&["stamp", "-f", "-"], Some(input));
+        assert!(err.contains("standard input: document"), "{input}: {err}");
+        assert!(err.contains(want), "{input}: want {want:?} in {err}");
+    }
+}
+
+#[test]
+fn unknown_kinds_jobs_and_comments_are_copied_unchanged() {
+    let input = "# leading comment\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: once}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox, envFrom: [{configMapRef: {name: app-env}}]}]\n---   # a comment on the separator\napiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\nspec: {odd:   'spacing'}\n---\n";
+    let (out, _) = ok(&["stamp", "-f", "-"], Some(input));
+    assert_eq!(out, input);
+}
+
+#[test]
+fn list_items_are_stamped_and_opted_out_workloads_are_not() {
+    let input = "\
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: ConfigMap
+    metadata: {name: app-env}
+    data: {LOG_LEVEL: info, PORT: \"8080\"}
+  - apiVersion: apps/v1
+    kind: StatefulSet
+    metadata: {name: db}
+    spec:
+      template:
+        spec:
+          containers: [{name: db, image: postgres, envFrom: [{configMapRef: {name: app-env}}]}]
+  - apiVersion: apps/v1
+    kind: DaemonSet
+    metadata: {name: agent, labels: {confighash.dev/enabled: \"false\"}}
+    spec:
+      template:
+        spec:
+          containers: [{name: a, image: agent, envFrom: [{configMapRef: {name: app-env}}]}]
+";
+    let (out, _) = ok(&["stamp", "-f", "-"], Some(input));
+    let list = yaml(&out);
+    assert_eq!(stamp_of(&list["items"][1]), Some(VECTOR_1));
+    assert_eq!(stamp_of(&list["items"][2]), None);
+    assert_eq!(list["items"][0], yaml(input)["items"][0]);
+}
+
+#[test]
+fn ignored_config_maps_are_left_out() {
+    let ignored = APP.replacen(
+        "  name: app-env\n",
+        "  name: app-env\n  annotations: {confighash.dev/ignore: \"true\"}\n",
+        1,
+    );
+    let (out, _) = ok(&["stamp", "-f", "-"], Some(&ignored));
+    assert_eq!(
+        stamp_of(&yaml(&documents(&out)[1])),
+        Some("v1:plain:68da50291d305bed0a35f47f99ded5903a206c95e2f188825ce901d4c4430798"),
+        "an ignored object counts as unreferenced (the no-reference vector)"
+    );
+}
+
+#[test]
+fn read_errors_name_the_path() {
+    let err = fails(&["stamp", "-f", "does/not/exist.yaml"], None);
+    assert!(err.contains("does/not/exist.yaml"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let err = fails(&["stamp", "-f", dir.path().to_str().unwrap()], None);
+    assert!(err.contains("no .yaml, .yml or .json files"), "{err}");
+    let err = fails(&["stamp", "-f", "-", "-f", "-"], Some(APP));
+    assert!(err.contains("more than once"), "{err}");
+    let out = confighash(&["stamp"], None);
+    assert!(!out.status.success());
+}
