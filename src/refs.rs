@@ -236,15 +236,11 @@ fn add_volume_refs(refs: &mut References, v: &Volume) {
         let optional = cm.optional.unwrap_or(false);
         refs.add(ObjectKind::ConfigMap, &cm.name, items(&cm.items), optional);
     }
-    if let Some(s) = &v.secret {
-        if let Some(name) = &s.secret_name {
-            refs.add(
-                ObjectKind::Secret,
-                name,
-                items(&s.items),
-                s.optional.unwrap_or(false),
-            );
-        }
+    if let Some(s) = &v.secret
+        && let Some(name) = &s.secret_name
+    {
+        let optional = s.optional.unwrap_or(false);
+        refs.add(ObjectKind::Secret, name, items(&s.items), optional);
     }
     let sources = v.projected.as_ref().and_then(|p| p.sources.as_deref());
     for source in sources.unwrap_or_default() {

@@ -174,10 +174,12 @@ pub fn decide(
     }
 
     // Rule 2.
-    if required_absent && !options.roll_on_delete && !existing.marker {
-        if let Some(stamp) = existing.stamp {
-            return Decision::keep(Some(stamp), false, Outcome::KeptAbsent);
-        }
+    if required_absent
+        && !options.roll_on_delete
+        && !existing.marker
+        && let Some(stamp) = existing.stamp
+    {
+        return Decision::keep(Some(stamp), false, Outcome::KeptAbsent);
     }
 
     let outcome = if current.stamp == Some(expected.as_str()) && !current.marker {
