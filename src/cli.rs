@@ -28,12 +28,14 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct StampArgs {
-    /// A YAML file, a directory of them (.yaml, .yml, .json) or `-` for standard input; repeatable.
+    /// A YAML file, a directory of them (.yaml, .yml, .json) or `-` for standard input;
+    /// repeatable, or comma separated.
     #[arg(
         short = 'f',
         long = "filename",
         env = "CONFIGHASH_FILENAME",
         value_delimiter = ',',
+        value_name = "PATH",
         required = true
     )]
     pub files: Vec<PathBuf>,
