@@ -168,7 +168,11 @@ pub fn discover(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) 
             {
                 if is_object_name(name) {
                     refs.add(kind, name, Selection::Whole, false);
-                } else if !refs.rejected.iter().any(|r| r.kind == kind && r.name == name) {
+                } else if !refs
+                    .rejected
+                    .iter()
+                    .any(|r| r.kind == kind && r.name == name)
+                {
                     refs.rejected.push(ObjectRef::new(kind, name));
                 }
             }
