@@ -1,0 +1,1513 @@
+//! The HTTP front: kube-apiserver's REST paths, verbs, Status errors and watch streams.
+
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::admission::{self, AdmissionError, AdmissionInput, Operation, WebhookCall};
+use crate::patches;
+use crate::rbac::{Authorizer, RequestAttributes};
+use crate::resources::{self, RESOURCES, ROLLOUTS_GROUP, ResourceInfo};
+use crate::selectors::{FieldSelector, LabelSelector, labels_of};
+use crate::store::{Event, EventType, Key, Snapshot, Store};
+use crate::user::UserInfo;
+
+/// kube-apiserver's default request body limit (3 MiB).
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// How the stand-in starts.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How often watches that ask for bookmarks get one (kube-apiserver: about a minute).
+    pub bookmark_interval: Duration,
+    /// Whether the Argo Rollouts CRD is installed.
+    pub rollouts_served: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            bookmark_interval: Duration::from_secs(1),
+            rollouts_served: true,
+        }
+    }
+}
+
+/// A fault to inject: fail the next `remaining` requests that match.
+#[derive(Debug, Clone)]
+struct Fault {
+    verb: Option<String>,
+    resource: Option<String>,
+    remaining: u32,
+    status: u16,
+}
+
+pub(crate) struct Shared {
+    store: Mutex<Store>,
+    faults: Mutex<Vec<Fault>>,
+    delay: Mutex<Duration>,
+    kill_watches: tokio::sync::watch::Sender<u64>,
+    rollouts_served: AtomicBool,
+    authorizer: Mutex<Option<Arc<Authorizer>>>,
+    tokens: Mutex<HashMap<String, UserInfo>>,
+    webhook_calls: Mutex<Vec<WebhookCall>>,
+    requests: Mutex<Vec<(String, String)>>,
+    bookmark_interval: Duration,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread must not take the whole server down with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running in-memory API server on 127.0.0.1.
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ApiServer {
+    /// Starts a server with default options on a random loopback port.
+    pub async fn start() -> Self {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(options: Options) -> Self {
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store::new()),
+            faults: Mutex::new(Vec::new()),
+            delay: Mutex::new(Duration::ZERO),
+            kill_watches: tokio::sync::watch::channel(0).0,
+            rollouts_served: AtomicBool::new(options.rollouts_served),
+            authorizer: Mutex::new(None),
+            tokens: Mutex::new(HashMap::new()),
+            webhook_calls: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
+            bookmark_interval: options.bookmark_interval,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("local address");
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            // Ends only when the task is aborted.
+            let _ = axum::serve(listener, app).await;
+        });
+        ApiServer { shared, addr, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kube client configuration for the superuser.
+    pub fn config(&self) -> kube::Config {
+        let mut config = kube::Config::new(self.url().parse().expect("a valid URL"));
+        config.default_namespace = "default".into();
+        config
+    }
+
+    /// A kube client configuration that authenticates with a bearer token (see `add_token`).
+    pub fn config_with_token(&self, token: &str) -> kube::Config {
+        let mut config = self.config();
+        let value = format!("Bearer {token}")
+            .parse()
+            .expect("a valid header value");
+        config.headers.push((header::AUTHORIZATION, value));
+        config
+    }
+
+    pub fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config()).expect("a client for the stand-in")
+    }
+
+    /// Makes `token` authenticate as `user`.
+    pub fn add_token(&self, token: &str, user: UserInfo) {
+        lock(&self.shared.tokens).insert(token.to_owned(), user);
+    }
+
+    /// Enforces RBAC on every request of users that are not superusers (None: no RBAC).
+    pub fn set_authorizer(&self, authorizer: Option<Authorizer>) {
+        *lock(&self.shared.authorizer) = authorizer.map(Arc::new);
+    }
+
+    /// Pod-template transitions of a workload so far.
+    pub fn rollouts(&self, namespace: &str, kind: &str, name: &str) -> u64 {
+        lock(&self.shared.store).rollouts(namespace, kind, name)
+    }
+
+    /// The stored object, read without going through HTTP.
+    pub fn object(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
+        let resource = RESOURCES
+            .iter()
+            .find(|r| r.plural == plural && r.group != "events.k8s.io")?;
+        let key = Key::new(resource, namespace, name);
+        lock(&self.shared.store).get(&key).map(|v| (*v).clone())
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.shared.store).rv()
+    }
+
+    /// Fails the next `count` requests with this verb (None: any) on this resource plural (None:
+    /// any) with `status` (500 or 429, which gets `Retry-After: 1`).
+    pub fn fail_next(&self, verb: Option<&str>, resource: Option<&str>, count: u32, status: u16) {
+        lock(&self.shared.faults).push(Fault {
+            verb: verb.map(str::to_owned),
+            resource: resource.map(str::to_owned),
+            remaining: count,
+            status,
+        });
+    }
+
+    /// Ends every open watch stream, as a restarting apiserver or a dropped connection does.
+    pub fn close_watches(&self) {
+        self.shared.kill_watches.send_modify(|n| *n += 1);
+    }
+
+    /// Compacts history: watches and list continuations from an older resourceVersion get 410.
+    pub fn compact(&self) {
+        lock(&self.shared.store).compact();
+    }
+
+    /// Delays every response by `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        *lock(&self.shared.delay) = delay;
+    }
+
+    /// Installs or removes the Argo Rollouts CRD.
+    pub fn set_rollouts_served(&self, served: bool) {
+        self.shared.rollouts_served.store(served, Ordering::SeqCst);
+    }
+
+    /// Every webhook call of the admission chain so far.
+    pub fn webhook_calls(&self) -> Vec<WebhookCall> {
+        lock(&self.shared.webhook_calls).clone()
+    }
+
+    /// (verb, resource plural or path) of every request so far.
+    pub fn requests(&self) -> Vec<(String, String)> {
+        lock(&self.shared.requests).clone()
+    }
+}
+
+// ----- errors -----
+
+/// A `Status` error response, as kube-apiserver sends them.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    code: u16,
+    reason: &'static str,
+    message: String,
+    details: Option<Value>,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    fn not_found(resource: &ResourceInfo, name: &str) -> Self {
+        let mut e = Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(resource)),
+        );
+        e.details = Some(json!({"name": name, "group": resource.group, "kind": resource.plural}));
+        e
+    }
+
+    fn no_route() -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    fn conflict(resource: &ResourceInfo, name: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again",
+                qualified(resource)
+            ),
+        )
+    }
+
+    fn invalid(resource: &ResourceInfo, name: &str, message: impl std::fmt::Display) -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {message}", resource.kind),
+        )
+    }
+
+    fn gone(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    fn status_body(&self) -> Value {
+        let mut body = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(d) = &self.details {
+            body["details"] = d.clone();
+        }
+        body
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut resp = (code, axum::Json(self.status_body())).into_response();
+        if self.code == 429 {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+/// `configmaps` or `deployments.apps`, as Status messages name resources.
+fn qualified(resource: &ResourceInfo) -> String {
+    if resource.group.is_empty() {
+        resource.plural.to_owned()
+    } else {
+        format!("{}.{}", resource.plural, resource.group)
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn ok_json(code: StatusCode, v: &Value) -> Response {
+    (code, axum::Json(v)).into_response()
+}
+
+// ----- routing -----
+
+/// What a path names.
+enum Target {
+    ApiVersions,
+    GroupList,
+    ResourceList(String, String),
+    Version,
+    Resource {
+        resource: &'static ResourceInfo,
+        namespace: Option<String>,
+        name: Option<String>,
+    },
+}
+
+impl Shared {
+    fn served(&self) -> Vec<&'static ResourceInfo> {
+        let rollouts = self.rollouts_served.load(Ordering::SeqCst);
+        RESOURCES
+            .iter()
+            .filter(|r| rollouts || r.group != ROLLOUTS_GROUP)
+            .collect()
+    }
+}
+
+fn parse_path(served: &[&'static ResourceInfo], path: &str) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, version, rest) = match segs.as_slice() {
+        ["api"] => return Ok(Target::ApiVersions),
+        ["apis"] => return Ok(Target::GroupList),
+        ["version"] => return Ok(Target::Version),
+        ["api", v] => return Ok(Target::ResourceList(String::new(), (*v).to_owned())),
+        ["apis", g, v] => return Ok(Target::ResourceList((*g).to_owned(), (*v).to_owned())),
+        ["api", v, rest @ ..] => ("", *v, rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(ApiError::no_route()),
+    };
+    let find = |plural: &str| {
+        resources::find(served, group, version, plural).ok_or_else(ApiError::no_route)
+    };
+    let (resource, namespace, name) = match rest {
+        [plural] => (find(plural)?, None, None),
+        ["namespaces", ns, plural] => (find(plural)?, Some(*ns), None),
+        ["namespaces", ns, plural, name] => (find(plural)?, Some(*ns), Some(*name)),
+        [plural, name] => (find(plural)?, None, Some(*name)),
+        _ => return Err(ApiError::no_route()),
+    };
+    if resource.namespaced != namespace.is_some() && (name.is_some() || !resource.namespaced) {
+        // A namespaced object needs its namespace; a cluster-scoped one has none.
+        return Err(ApiError::no_route());
+    }
+    Ok(Target::Resource {
+        resource,
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+    })
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let delay = *lock(&shared.delay);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    match serve(&shared, req).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
+    let (parts, body) = req.into_parts();
+    let user = authenticate(shared, &parts.headers)?;
+    let query: HashMap<String, String> = parts
+        .uri
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    let served = shared.served();
+    let target = parse_path(&served, &path);
+
+    // Non-resource requests: discovery.
+    let (resource, namespace, name) = match target {
+        Ok(Target::Resource {
+            resource,
+            namespace,
+            name,
+        }) => (resource, namespace, name),
+        Ok(other) => {
+            authorize_path(shared, &user, &path)?;
+            lock(&shared.requests).push(("get".into(), path.clone()));
+            if parts.method != Method::GET {
+                return Err(ApiError::new(
+                    405,
+                    "MethodNotAllowed",
+                    "only GET is allowed",
+                ));
+            }
+            return discovery(&served, other);
+        }
+        Err(e) => {
+            authorize_path(shared, &user, &path)?;
+            return Err(e);
+        }
+    };
+
+    let watch = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = match (&parts.method, name.is_some()) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) if watch => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::POST, false) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::PATCH, true) => "patch",
+        (&Method::DELETE, true) => "delete",
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{} is not supported on this path", parts.method),
+            ));
+        }
+    };
+    lock(&shared.requests).push((verb.to_owned(), resource.plural.to_owned()));
+
+    let field_selector = query.get("fieldSelector").map(String::as_str).unwrap_or("");
+    let fields =
+        FieldSelector::parse(field_selector, resource.kind).map_err(ApiError::bad_request)?;
+    // A watch or list restricted to one name counts as a request for that name, as in RBAC.
+    let rbac_name = name.clone().or_else(|| fields.name().map(str::to_owned));
+    authorize(
+        shared,
+        &user,
+        verb,
+        resource,
+        namespace.as_deref(),
+        rbac_name.as_deref(),
+        &path,
+    )?;
+    inject_fault(shared, verb, resource.plural)?;
+
+    let body = axum::body::to_bytes(body, MAX_BODY + 1)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the body: {e}")))?;
+    if body.len() > MAX_BODY {
+        return Err(ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_BODY}"),
+        ));
+    }
+    let dry_run = query.get("dryRun").is_some_and(|v| v == "All");
+    let ns = namespace.as_deref().unwrap_or("");
+    let ctx = Ctx {
+        shared,
+        resource,
+        namespace: ns,
+        user: &user,
+        dry_run,
+    };
+    match verb {
+        "get" => get(&ctx, name.as_deref().unwrap_or_default()),
+        "list" => list(&ctx, namespace.as_deref(), &query, &fields),
+        "watch" => watch_stream(&ctx, namespace.as_deref(), &query, fields),
+        "create" => create(&ctx, &body).await,
+        "update" => update(&ctx, name.as_deref().unwrap_or_default(), &body).await,
+        "patch" => {
+            let content_type = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let manager = query.get("fieldManager").map(String::as_str);
+            patch(
+                &ctx,
+                name.as_deref().unwrap_or_default(),
+                content_type,
+                manager,
+                &body,
+            )
+            .await
+        }
+        _ => delete(&ctx, name.as_deref().unwrap_or_default(), &body).await,
+    }
+}
+
+fn discovery(served: &[&'static ResourceInfo], target: Target) -> ApiResult {
+    let body = match target {
+        Target::ApiVersions => resources::api_versions(),
+        Target::GroupList => resources::api_group_list(served),
+        Target::ResourceList(group, version) => {
+            resources::api_resource_list(served, &group, &version).ok_or_else(ApiError::no_route)?
+        }
+        Target::Version => json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-standin"}),
+        Target::Resource { .. } => return Err(ApiError::no_route()),
+    };
+    Ok(ok_json(StatusCode::OK, &body))
+}
+
+// ----- authentication, authorization, faults -----
+
+/// Mimics bearer-token authentication: no token is the superuser (a cluster-admin kubeconfig);
+/// an unknown token is 401.
+fn authenticate(shared: &Shared, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Ok(UserInfo::admin());
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))?;
+    lock(&shared.tokens)
+        .get(token)
+        .cloned()
+        .ok_or_else(|| ApiError::new(401, "Unauthorized", "Unauthorized"))
+}
+
+fn authorize_path(shared: &Shared, user: &UserInfo, path: &str) -> Result<(), ApiError> {
+    let Some(authz) = lock(&shared.authorizer).clone() else {
+        return Ok(());
+    };
+    let attrs = RequestAttributes {
+        verb: "get",
+        api_group: "",
+        resource: "",
+        subresource: "",
+        namespace: None,
+        name: None,
+        path,
+        resource_request: false,
+    };
+    if authz.allows(user, &attrs) {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "forbidden: User \"{}\" cannot get path \"{path}\"",
+            user.username
+        ),
+    ))
+}
+
+fn authorize(
+    shared: &Shared,
+    user: &UserInfo,
+    verb: &str,
+    resource: &ResourceInfo,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    path: &str,
+) -> Result<(), ApiError> {
+    let Some(authz) = lock(&shared.authorizer).clone() else {
+        return Ok(());
+    };
+    let attrs = RequestAttributes {
+        verb,
+        api_group: resource.group,
+        resource: resource.plural,
+        subresource: "",
+        namespace,
+        name,
+        path,
+        resource_request: true,
+    };
+    if authz.allows(user, &attrs) {
+        return Ok(());
+    }
+    // kube-apiserver's wording, so a failing test reads like a failing cluster.
+    let what = match name {
+        Some(n) => format!("{} \"{n}\" is forbidden", qualified(resource)),
+        None => format!("{} is forbidden", qualified(resource)),
+    };
+    let scope = match namespace {
+        Some(ns) => format!(" in the namespace \"{ns}\""),
+        None => " at the cluster scope".to_owned(),
+    };
+    Err(ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "{what}: User \"{}\" cannot {verb} resource \"{}\" in API group \"{}\"{scope}",
+            user.username, resource.plural, resource.group
+        ),
+    ))
+}
+
+fn inject_fault(shared: &Shared, verb: &str, plural: &str) -> Result<(), ApiError> {
+    let mut faults = lock(&shared.faults);
+    let hit = faults.iter_mut().find(|f| {
+        f.remaining > 0
+            && f.verb.as_deref().is_none_or(|v| v == verb)
+            && f.resource.as_deref().is_none_or(|r| r == plural)
+    });
+    let Some(fault) = hit else { return Ok(()) };
+    fault.remaining -= 1;
+    let status = fault.status;
+    faults.retain(|f| f.remaining > 0);
+    Err(match status {
+        429 => ApiError::new(429, "TooManyRequests", "injected fault: too many requests"),
+        code => ApiError::new(code, "InternalError", "injected fault: internal error"),
+    })
+}
+
+// ----- verbs -----
+
+struct Ctx<'a> {
+    shared: &'a Arc<Shared>,
+    resource: &'static ResourceInfo,
+    namespace: &'a str,
+    user: &'a UserInfo,
+    dry_run: bool,
+}
+
+impl Ctx<'_> {
+    fn key(&self, name: &str) -> Key {
+        Key::new(self.resource, self.namespace, name)
+    }
+
+    fn store(&self) -> MutexGuard<'_, Store> {
+        lock(&self.shared.store)
+    }
+}
+
+fn get(ctx: &Ctx<'_>, name: &str) -> ApiResult {
+    let obj = ctx
+        .store()
+        .get(&ctx.key(name))
+        .ok_or_else(|| ApiError::not_found(ctx.resource, name))?;
+    Ok(ok_json(StatusCode::OK, &obj))
+}
+
+fn selected(obj: &Value, labels: &LabelSelector, fields: &FieldSelector) -> bool {
+    labels.matches(&labels_of(obj)) && fields.matches(obj)
+}
+
+fn label_selector(query: &HashMap<String, String>) -> Result<LabelSelector, ApiError> {
+    LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))
+        .map_err(ApiError::bad_request)
+}
+
+/// Lists, page by page: `limit` cuts a page, `continue` resumes from a snapshot taken at the
+/// first page (an etcd read at a fixed revision), and a token older than the compaction point is
+/// 410 Gone, as kube-apiserver answers after etcd compacted that revision.
+fn list(
+    ctx: &Ctx<'_>,
+    namespace: Option<&str>,
+    query: &HashMap<String, String>,
+    fields: &FieldSelector,
+) -> ApiResult {
+    let labels = label_selector(query)?;
+    let limit: usize = match query.get("limit").map(String::as_str) {
+        None | Some("") | Some("0") => usize::MAX,
+        Some(l) => l
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+    };
+    let mut store = ctx.store();
+    let snapshot = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            let (id, rv) = decode_continue(token)?;
+            match store.take_snapshot(id) {
+                Some(s) => s,
+                None if rv < store.compacted() || rv <= store.rv() => {
+                    return Err(ApiError::gone(
+                        "The provided continue parameter is too old to display a consistent \
+                         list result. You can start a new list without the continue parameter.",
+                    ));
+                }
+                None => return Err(ApiError::bad_request("invalid continue token")),
+            }
+        }
+        None => Snapshot {
+            rv: store.rv(),
+            items: store
+                .list(ctx.resource, namespace)
+                .into_iter()
+                .filter(|o| selected(o, &labels, fields))
+                .map(|o| (*o).clone())
+                .collect(),
+        },
+    };
+    let rv = snapshot.rv;
+    let mut items = snapshot.items;
+    let rest = if items.len() > limit {
+        items.split_off(limit)
+    } else {
+        Vec::new()
+    };
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if !rest.is_empty() {
+        metadata["remainingItemCount"] = json!(rest.len());
+        let id = store.save_snapshot(Snapshot { rv, items: rest });
+        metadata["continue"] = json!(encode_continue(id, rv));
+    }
+    drop(store);
+    // Items of a list carry no kind or apiVersion, as kube-apiserver serves them.
+    for item in &mut items {
+        if let Some(o) = item.as_object_mut() {
+            o.remove("kind");
+            o.remove("apiVersion");
+        }
+    }
+    let body = json!({
+        "kind": format!("{}List", ctx.resource.kind),
+        "apiVersion": ctx.resource.api_version(),
+        "metadata": metadata,
+        "items": items,
+    });
+    Ok(ok_json(StatusCode::OK, &body))
+}
+
+fn encode_continue(id: u64, rv: u64) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{id}:{rv}"))
+}
+
+fn decode_continue(token: &str) -> Result<(u64, u64), ApiError> {
+    use base64::Engine;
+    let bad = || ApiError::bad_request("invalid continue token");
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(token)
+        .map_err(|_| bad())?;
+    let text = String::from_utf8(raw).map_err(|_| bad())?;
+    let (id, rv) = text.split_once(':').ok_or_else(bad)?;
+    Ok((
+        id.parse().map_err(|_| bad())?,
+        rv.parse().map_err(|_| bad())?,
+    ))
+}
+
+/// A watch: newline-delimited JSON events.
+///
+/// Mimics the watch cache: without a resourceVersion (or "0") it starts with ADDED for every
+/// current object; from a resourceVersion it replays later writes, or sends one ERROR event with
+/// a 410 Status when that version was compacted. MODIFIED events that move an object into or out
+/// of the selection become ADDED or DELETED. BOOKMARKs carry a resourceVersion up to which every
+/// event has been sent. The stream ends after `timeoutSeconds` or when `close_watches` is called.
+fn watch_stream(
+    ctx: &Ctx<'_>,
+    namespace: Option<&str>,
+    query: &HashMap<String, String>,
+    fields: FieldSelector,
+) -> ApiResult {
+    let labels = label_selector(query)?;
+    let resource = ctx.resource;
+    let namespace = namespace.map(str::to_owned);
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    let from: Option<u64> = match query.get("resourceVersion").map(String::as_str) {
+        None | Some("") | Some("0") => None,
+        Some(rv) => Some(
+            rv.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?,
+        ),
+    };
+
+    let filter = {
+        let namespace = namespace.clone();
+        move |e: &Event| -> Option<Value> {
+            if e.resource.group != resource.group || e.resource.plural != resource.plural {
+                return None;
+            }
+            let in_ns = |o: &Value| {
+                namespace.as_deref().is_none_or(|ns| {
+                    o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+                })
+            };
+            let now = in_ns(&e.object) && selected(&e.object, &labels, &fields);
+            let before = e
+                .old
+                .as_deref()
+                .is_some_and(|o| in_ns(o) && selected(o, &labels, &fields));
+            let kind = match (e.kind, before, now) {
+                (EventType::Added, _, true) => EventType::Added,
+                (EventType::Deleted, _, true) => EventType::Deleted,
+                (EventType::Modified, true, true) => EventType::Modified,
+                (EventType::Modified, false, true) => EventType::Added,
+                (EventType::Modified, true, false) => EventType::Deleted,
+                _ => return None,
+            };
+            Some(json!({"type": kind.as_str(), "object": *e.object}))
+        }
+    };
+
+    let mut initial: Vec<Value> = Vec::new();
+    let (mut rx, mut last_rv) = {
+        let store = ctx.store();
+        let rx = store.subscribe();
+        match from {
+            None => {
+                for obj in store.list(resource, namespace.as_deref()) {
+                    let e = Event {
+                        rv: 0,
+                        resource,
+                        kind: EventType::Added,
+                        object: obj,
+                        old: None,
+                    };
+                    initial.extend(filter(&e));
+                }
+            }
+            Some(rv) => match store.since(rv) {
+                Some(events) => initial.extend(events.filter_map(&filter)),
+                None => {
+                    let status = ApiError::gone(format!(
+                        "too old resource version: {rv} ({})",
+                        store.compacted()
+                    ))
+                    .status_body();
+                    let error = line(&json!({"type": "ERROR", "object": status}));
+                    return Ok(stream_response(
+                        futures::stream::once(async move { error }).boxed(),
+                    ));
+                }
+            },
+        }
+        (rx, store.rv())
+    };
+
+    let shared = ctx.shared.clone();
+    let mut kill = shared.kill_watches.subscribe();
+    let interval = shared.bookmark_interval;
+    let kind = resource.kind;
+    let api_version = resource.api_version();
+    let stream = async_stream(move |tx| async move {
+        for e in initial {
+            if tx.send(line(&e)).await.is_err() {
+                return;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticker = tokio::time::interval(interval);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = &mut deadline => return,
+                _ = kill.changed() => return,
+                _ = ticker.tick(), if bookmarks => {
+                    // Everything up to the store's version is already in the channel: drain it,
+                    // then the bookmark's version is one the client has seen all events up to.
+                    let rv = lock(&shared.store).rv();
+                    loop {
+                        match rx.try_recv() {
+                            Ok(e) => {
+                                last_rv = e.rv;
+                                if let Some(v) = filter(&e)
+                                    && tx.send(line(&v)).await.is_err()
+                                {
+                                    return;
+                                }
+                            }
+                            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => break,
+                            Err(_) => return,
+                        }
+                    }
+                    last_rv = last_rv.max(rv);
+                    let bookmark = json!({"type": "BOOKMARK", "object": {
+                        "kind": kind, "apiVersion": api_version,
+                        "metadata": {"resourceVersion": last_rv.to_string()}
+                    }});
+                    if tx.send(line(&bookmark)).await.is_err() {
+                        return;
+                    }
+                }
+                e = rx.recv() => match e {
+                    Ok(e) => {
+                        last_rv = e.rv;
+                        if let Some(v) = filter(&e)
+                            && tx.send(line(&v)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    // A watcher that falls this far behind is closed; the client re-watches.
+                    Err(RecvError::Lagged(_)) | Err(RecvError::Closed) => return,
+                },
+            }
+        }
+    });
+    Ok(stream_response(stream))
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// A stream fed by a task through a small channel, ended when the task returns.
+fn async_stream<F, Fut>(f: F) -> futures::stream::BoxStream<'static, Bytes>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Bytes>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(f(tx));
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx)).boxed()
+}
+
+fn stream_response(stream: futures::stream::BoxStream<'static, Bytes>) -> Response {
+    let body = Body::from_stream(stream.map(Ok::<_, Infallible>));
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+// ----- writes -----
+
+fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not valid JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    Ok(v)
+}
+
+fn meta(obj: &Value, field: &str) -> Option<String> {
+    obj.get("metadata")?.get(field)?.as_str().map(str::to_owned)
+}
+
+fn meta_mut(obj: &mut Value) -> &mut serde_json::Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    obj["metadata"]
+        .as_object_mut()
+        .expect("metadata was just made an object")
+}
+
+/// Checks `kind`/`apiVersion` against the URL and fills them in when absent.
+fn check_type(resource: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+    let api_version = resource.api_version();
+    match obj.get("kind").and_then(Value::as_str) {
+        None => obj["kind"] = json!(resource.kind),
+        Some(k) if k == resource.kind => {}
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "the kind {k:?} of the body does not match the URL's {:?}",
+                resource.kind
+            )));
+        }
+    }
+    match obj.get("apiVersion").and_then(Value::as_str) {
+        None => obj["apiVersion"] = json!(api_version),
+        Some(v) if v == api_version => {}
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "the apiVersion {v:?} of the body does not match the URL's {api_version:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Validation and normalisation every write gets, as the resources' registry strategies do.
+fn normalize(resource: &ResourceInfo, name: &str, obj: &mut Value) -> Result<(), ApiError> {
+    if !is_dns_subdomain(name) {
+        return Err(ApiError::invalid(
+            resource,
+            name,
+            format!(
+                "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
+            ),
+        ));
+    }
+    for field in ["labels", "annotations"] {
+        match obj.pointer(&format!("/metadata/{field}")) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) if m.values().all(Value::is_string) => {}
+            Some(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "metadata.{field} must be a map of strings"
+                )));
+            }
+        }
+    }
+    match resource.kind {
+        // The Secret strategy folds stringData into data.
+        "Secret" => {
+            use base64::Engine;
+            let engine = base64::engine::general_purpose::STANDARD;
+            if let Some(data) = obj.get("data").and_then(Value::as_object) {
+                for (k, v) in data {
+                    let ok = v.as_str().is_some_and(|s| engine.decode(s).is_ok());
+                    if !ok {
+                        return Err(ApiError::invalid(
+                            resource,
+                            name,
+                            format!("data[{k}]: Invalid value: must be base64"),
+                        ));
+                    }
+                }
+            }
+            if let Some(Value::Object(string_data)) =
+                obj.as_object_mut().and_then(|o| o.remove("stringData"))
+            {
+                if !obj.get("data").is_some_and(Value::is_object) {
+                    obj["data"] = json!({});
+                }
+                for (k, v) in string_data {
+                    let s = v.as_str().ok_or_else(|| {
+                        ApiError::invalid(
+                            resource,
+                            name,
+                            format!("stringData[{k}]: must be a string"),
+                        )
+                    })?;
+                    obj["data"][k] = json!(engine.encode(s));
+                }
+            }
+        }
+        "ConfigMap" => {
+            if let (Some(Value::Object(d)), Some(Value::Object(b))) =
+                (obj.get("data"), obj.get("binaryData"))
+                && let Some(k) = d.keys().find(|k| b.contains_key(*k))
+            {
+                return Err(ApiError::invalid(
+                    resource,
+                    name,
+                    format!("data[{k}]: Invalid value: duplicate of key present in binaryData"),
+                ));
+            }
+            if let Some(Value::Object(d)) = obj.get("data")
+                && let Some((k, _)) = d.iter().find(|(_, v)| !v.is_string())
+            {
+                return Err(ApiError::bad_request(format!(
+                    "ConfigMap data[{k}] must be a string"
+                )));
+            }
+        }
+        "Namespace" if obj.pointer("/status/phase").is_none() => {
+            obj["status"] = json!({"phase": "Active"});
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        })
+}
+
+fn now() -> String {
+    // RFC 3339 seconds, as metadata timestamps are.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a calendar date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// Labels of the namespace `ns` (for a Namespace object, its own), for namespaceSelectors.
+fn namespace_labels(ctx: &Ctx<'_>, obj: &Value) -> BTreeMap<String, String> {
+    if ctx.resource.kind == "Namespace" {
+        return labels_of(obj);
+    }
+    let ns_resource = &RESOURCES[0];
+    ctx.store()
+        .get(&Key::new(ns_resource, "", ctx.namespace))
+        .map(|ns| labels_of(&ns))
+        .unwrap_or_default()
+}
+
+fn webhook_configurations(ctx: &Ctx<'_>) -> Vec<Value> {
+    let resource = RESOURCES
+        .iter()
+        .find(|r| r.kind == "MutatingWebhookConfiguration")
+        .expect("the stand-in serves mutatingwebhookconfigurations");
+    ctx.store()
+        .list(resource, None)
+        .into_iter()
+        .map(|v| (*v).clone())
+        .collect()
+}
+
+/// Runs the mutating admission chain on `object`.
+async fn admit(
+    ctx: &Ctx<'_>,
+    operation: Operation,
+    name: &str,
+    object: Value,
+    old: Option<&Value>,
+) -> Result<Value, ApiError> {
+    let configurations = webhook_configurations(ctx);
+    let labels_source = if object.is_null() {
+        old.unwrap_or(&Value::Null)
+    } else {
+        &object
+    };
+    let namespace_labels = namespace_labels(ctx, labels_source);
+    let input = AdmissionInput {
+        resource: ctx.resource,
+        operation,
+        namespace: ctx.resource.namespaced.then_some(ctx.namespace),
+        name,
+        object,
+        old_object: old,
+        namespace_labels,
+        dry_run: ctx.dry_run,
+        user: ctx.user,
+    };
+    match admission::mutate(&configurations, input).await {
+        Ok(outcome) => {
+            lock(&ctx.shared.webhook_calls).extend(outcome.calls);
+            Ok(outcome.object)
+        }
+        Err(AdmissionError::Denied { code, message, .. }) => {
+            Err(ApiError::new(code, "Forbidden", message))
+        }
+        Err(AdmissionError::Failed { message, .. }) => Err(ApiError::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {message}"),
+        )),
+    }
+}
+
+async fn create(ctx: &Ctx<'_>, body: &[u8]) -> ApiResult {
+    let obj = parse_body(body)?;
+    create_object(ctx, obj).await
+}
+
+async fn create_object(ctx: &Ctx<'_>, mut obj: Value) -> ApiResult {
+    check_type(ctx.resource, &mut obj)?;
+    if let Some(ns) = meta(&obj, "namespace").filter(|ns| !ns.is_empty())
+        && ctx.resource.namespaced
+        && ns != ctx.namespace
+    {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    if meta(&obj, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+        return Err(ApiError::new(
+            500,
+            "InternalError",
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
+    let name = match (meta(&obj, "name"), meta(&obj, "generateName")) {
+        (Some(n), _) if !n.is_empty() => n,
+        (_, Some(prefix)) if !prefix.is_empty() => format!("{prefix}{}", ctx.store().name_suffix()),
+        _ => {
+            return Err(ApiError::invalid(
+                ctx.resource,
+                "",
+                "metadata.name: Required value: name or generateName is required",
+            ));
+        }
+    };
+    if ctx.resource.namespaced {
+        let exists = ctx
+            .store()
+            .get(&Key::new(&RESOURCES[0], "", ctx.namespace))
+            .is_some();
+        if !exists {
+            return Err(ApiError::not_found(&RESOURCES[0], ctx.namespace));
+        }
+    }
+    {
+        let uid = ctx.store().uid();
+        let m = meta_mut(&mut obj);
+        m.insert("name".into(), json!(name));
+        if ctx.resource.namespaced {
+            m.insert("namespace".into(), json!(ctx.namespace));
+        } else {
+            m.remove("namespace");
+        }
+        m.insert("uid".into(), json!(uid));
+        m.insert("creationTimestamp".into(), json!(now()));
+        if ctx.resource.generation {
+            m.insert("generation".into(), json!(1));
+        }
+    }
+    normalize(ctx.resource, &name, &mut obj)?;
+    let mut admitted = admit(ctx, Operation::Create, &name, obj.clone(), None).await?;
+    check_type(ctx.resource, &mut admitted)?;
+    restore_identity(&obj, &mut admitted);
+    normalize(ctx.resource, &name, &mut admitted)?;
+    let key = ctx.key(&name);
+    let mut store = ctx.store();
+    if store.get(&key).is_some() {
+        let mut e = ApiError::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", qualified(ctx.resource)),
+        );
+        e.details =
+            Some(json!({"name": name, "group": ctx.resource.group, "kind": ctx.resource.plural}));
+        return Err(e);
+    }
+    if ctx.dry_run {
+        return Ok(ok_json(StatusCode::CREATED, &admitted));
+    }
+    let stored = store
+        .write(ctx.resource, key, Some(admitted))
+        .expect("a write returns the stored object");
+    Ok(ok_json(StatusCode::CREATED, &stored))
+}
+
+/// Server-owned identity that no client or webhook may change.
+fn restore_identity(from: &Value, to: &mut Value) {
+    let keep: Vec<(&str, Value)> = ["name", "namespace", "uid", "creationTimestamp"]
+        .into_iter()
+        .filter_map(|f| from.get("metadata")?.get(f).map(|v| (f, v.clone())))
+        .collect();
+    let m = meta_mut(to);
+    for (f, v) in keep {
+        m.insert(f.into(), v);
+    }
+}
+
+async fn update(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
+    let mut obj = parse_body(body)?;
+    check_type(ctx.resource, &mut obj)?;
+    match meta(&obj, "name") {
+        Some(n) if n == name => {}
+        other => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({}) does not match the name on the URL ({name})",
+                other.unwrap_or_default()
+            )));
+        }
+    }
+    let precondition = meta(&obj, "resourceVersion").filter(|rv| !rv.is_empty());
+    write_loop(ctx, name, precondition, move |_existing| Ok(obj.clone())).await
+}
+
+async fn patch(
+    ctx: &Ctx<'_>,
+    name: &str,
+    content_type: &str,
+    manager: Option<&str>,
+    body: &[u8],
+) -> ApiResult {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    let patch: Value = match media {
+        "application/apply-patch+yaml" => {
+            if manager.is_none_or(str::is_empty) {
+                return Err(ApiError::bad_request(
+                    "PATCH, application/apply-patch+yaml requires fieldManager to be specified",
+                ));
+            }
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiError::bad_request("the apply body is not UTF-8"))?;
+            serde_saphyr::from_str(text).map_err(|e| {
+                ApiError::bad_request(format!("the apply body is not valid YAML: {e}"))
+            })?
+        }
+        "application/merge-patch+json"
+        | "application/json-patch+json"
+        | "application/strategic-merge-patch+json" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?,
+        other => {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json; got {other:?}"
+                ),
+            ));
+        }
+    };
+    if media == "application/apply-patch+yaml" {
+        let exists = ctx.store().get(&ctx.key(name)).is_some();
+        if !exists {
+            // Server-side apply creates what does not exist.
+            let mut obj = patch.clone();
+            if !obj.is_object() {
+                return Err(ApiError::bad_request(
+                    "the applied configuration must be an object",
+                ));
+            }
+            meta_mut(&mut obj).insert("name".into(), json!(name));
+            return create_object(ctx, obj).await;
+        }
+    }
+    let resource = ctx.resource;
+    write_loop(ctx, name, None, move |existing| {
+        let mut out = existing.clone();
+        match media {
+            "application/merge-patch+json" => patches::merge(&mut out, &patch),
+            "application/json-patch+json" => {
+                patches::json(&mut out, &patch).map_err(|e| ApiError::invalid(resource, name, e))?
+            }
+            "application/strategic-merge-patch+json" => patches::strategic(&mut out, &patch)
+                .map_err(|e| ApiError::invalid(resource, name, e))?,
+            _ => out = patches::apply(Some(existing), &patch),
+        }
+        if !out.is_object() {
+            return Err(ApiError::invalid(
+                resource,
+                name,
+                "the patched object is not an object",
+            ));
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// The read-modify-write of an UPDATE or PATCH, as kube-apiserver's GuaranteedUpdate: read the
+/// stored object, compute the new one, run admission, and store it only if nothing was written
+/// in between; otherwise retry (or 409 when the client gave a resourceVersion precondition).
+/// A write whose result equals the stored object stores nothing and bumps no resourceVersion
+/// (admission still runs), as the etcd3 store skips identical writes.
+async fn write_loop(
+    ctx: &Ctx<'_>,
+    name: &str,
+    precondition: Option<String>,
+    mut compute: impl FnMut(&Value) -> Result<Value, ApiError>,
+) -> ApiResult {
+    let key = ctx.key(name);
+    for _ in 0..10 {
+        let existing = ctx
+            .store()
+            .get(&key)
+            .ok_or_else(|| ApiError::not_found(ctx.resource, name))?;
+        let existing_rv = meta(&existing, "resourceVersion").unwrap_or_default();
+        if precondition.as_ref().is_some_and(|rv| *rv != existing_rv) {
+            return Err(ApiError::conflict(ctx.resource, name));
+        }
+        let mut obj = compute(&existing)?;
+        check_type(ctx.resource, &mut obj)?;
+        // A patch that sets a different resourceVersion is a precondition too.
+        if let Some(rv) = meta(&obj, "resourceVersion").filter(|rv| !rv.is_empty())
+            && rv != existing_rv
+        {
+            return Err(ApiError::conflict(ctx.resource, name));
+        }
+        if let Some(uid) = meta(&obj, "uid").filter(|u| !u.is_empty())
+            && Some(&uid) != meta(&existing, "uid").as_ref()
+        {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta(&existing, "uid").unwrap_or_default()
+                ),
+            ));
+        }
+        restore_identity(&existing, &mut obj);
+        carry_server_fields(ctx.resource, &existing, &mut obj);
+        normalize(ctx.resource, name, &mut obj)?;
+        let mut admitted = admit(ctx, Operation::Update, name, obj, Some(&existing)).await?;
+        check_type(ctx.resource, &mut admitted)?;
+        restore_identity(&existing, &mut admitted);
+        carry_server_fields(ctx.resource, &existing, &mut admitted);
+        normalize(ctx.resource, name, &mut admitted)?;
+
+        let mut store = ctx.store();
+        let current = store
+            .get(&key)
+            .ok_or_else(|| ApiError::not_found(ctx.resource, name))?;
+        if meta(&current, "resourceVersion").unwrap_or_default() != existing_rv {
+            if precondition.is_some() {
+                return Err(ApiError::conflict(ctx.resource, name));
+            }
+            continue;
+        }
+        meta_mut(&mut admitted).insert("resourceVersion".into(), json!(existing_rv));
+        if admitted == *existing || ctx.dry_run {
+            return Ok(ok_json(StatusCode::OK, &admitted));
+        }
+        let stored = store
+            .write(ctx.resource, key, Some(admitted))
+            .expect("a write returns the stored object");
+        return Ok(ok_json(StatusCode::OK, &stored));
+    }
+    Err(ApiError::conflict(ctx.resource, name))
+}
+
+/// Fields the server owns on update: `generation` (bumped when `spec` changes, for resources
+/// that track it) and `status` is left to the status subresource, so a main-resource write keeps
+/// the stored one.
+fn carry_server_fields(resource: &ResourceInfo, existing: &Value, obj: &mut Value) {
+    if resource.generation {
+        let generation = existing
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let bumped = if existing.get("spec") != obj.get("spec") {
+            generation + 1
+        } else {
+            generation
+        };
+        meta_mut(obj).insert("generation".into(), json!(bumped));
+        match existing.get("status") {
+            Some(s) => obj["status"] = s.clone(),
+            None => {
+                if let Some(o) = obj.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+    }
+}
+
+async fn delete(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
+    let options: Value = if body.is_empty() {
+        json!({})
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("DeleteOptions are not valid JSON: {e}")))?
+    };
+    let key = ctx.key(name);
+    let existing = ctx
+        .store()
+        .get(&key)
+        .ok_or_else(|| ApiError::not_found(ctx.resource, name))?;
+    for (field, what) in [("resourceVersion", "ResourceVersion"), ("uid", "UID")] {
+        if let Some(want) = options
+            .pointer(&format!("/preconditions/{field}"))
+            .and_then(Value::as_str)
+            && Some(want) != meta(&existing, field).as_deref()
+        {
+            return Err(ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Precondition failed: {what} in precondition: {want}, {what} in object meta: {}",
+                    meta(&existing, field).unwrap_or_default()
+                ),
+            ));
+        }
+    }
+    admit(ctx, Operation::Delete, name, Value::Null, Some(&existing)).await?;
+    if ctx.dry_run {
+        return Ok(ok_json(StatusCode::OK, &existing));
+    }
+    let mut store = ctx.store();
+    let deleted = store
+        .write(ctx.resource, key, None)
+        .expect("a delete returns the last state");
+    if ctx.resource.kind == "Namespace" {
+        // The namespace controller deletes everything in a deleted namespace (here at once,
+        // without the Terminating phase).
+        for resource in RESOURCES.iter().filter(|r| r.namespaced) {
+            for obj in store.list(resource, Some(name)) {
+                let obj_name = meta(&obj, "name").unwrap_or_default();
+                store.write(resource, Key::new(resource, name, &obj_name), None);
+            }
+        }
+    }
+    Ok(ok_json(StatusCode::OK, &deleted))
+}

@@ -1,0 +1,201 @@
+//! A small HTTPS admission webhook for tests, with its own CA.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use base64::Engine;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use serde_json::{Value, json};
+use tokio_rustls::TlsAcceptor;
+
+type Handler = dyn Fn(&Value) -> Value + Send + Sync;
+
+/// A CA and a serving certificate for `127.0.0.1` and `localhost`.
+pub struct TestCerts {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    cert_der: CertificateDer<'static>,
+    key_der: Vec<u8>,
+}
+
+impl TestCerts {
+    pub fn generate() -> Self {
+        let ca_key = rcgen::KeyPair::generate().expect("a CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "stand-in test CA");
+        let ca_cert = ca_params.self_signed(&ca_key).expect("a CA certificate");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().expect("a serving key");
+        let params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("serving params");
+        let cert = params
+            .signed_by(&key, &issuer)
+            .expect("a serving certificate");
+        TestCerts {
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            cert_der: cert.der().clone(),
+            key_der: key.serialize_der(),
+        }
+    }
+
+    /// The CA as a MutatingWebhookConfiguration's `caBundle` wants it: base64 of the PEM.
+    pub fn ca_bundle(&self) -> String {
+        base64::engine::general_purpose::STANDARD.encode(&self.ca_pem)
+    }
+}
+
+/// A running HTTPS webhook on 127.0.0.1 that answers `POST /mutate` with `handler`'s response.
+pub struct TestWebhook {
+    pub url: String,
+    pub certs: TestCerts,
+    calls: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestWebhook {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct HookState {
+    handler: Box<Handler>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl TestWebhook {
+    /// `handler` gets the AdmissionReview's `request` and returns the `response` fields besides
+    /// `uid` (for example `{"allowed": true, "patchType": "JSONPatch", "patch": ...}`).
+    pub async fn start(handler: impl Fn(&Value) -> Value + Send + Sync + 'static) -> Self {
+        let certs = TestCerts::generate();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![certs.cert_der.clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(certs.key_der.clone())),
+            )
+            .expect("a serving configuration");
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let url = format!(
+            "https://127.0.0.1:{}/mutate",
+            listener.local_addr().expect("address").port()
+        );
+        let calls = Arc::new(AtomicUsize::new(0));
+        let state = Arc::new(HookState {
+            handler: Box::new(handler),
+            calls: calls.clone(),
+        });
+        let app = Router::new()
+            .route("/mutate", post(mutate))
+            .with_state(state);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let app = app.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tls), service)
+                        .await;
+                });
+            }
+        });
+        TestWebhook {
+            url,
+            certs,
+            calls,
+            task,
+        }
+    }
+
+    /// A webhook that adds `key: value` to the pod template's annotations.
+    pub async fn annotating(key: &'static str, value: &'static str) -> Self {
+        Self::start(move |request| {
+            let kind = request.pointer("/kind/kind").and_then(Value::as_str).unwrap_or("");
+            let template = if kind == "CronJob" {
+                "/spec/jobTemplate/spec/template"
+            } else {
+                "/spec/template"
+            };
+            let object = &request["object"];
+            let mut ops = Vec::new();
+            let meta = object.pointer(&format!("{template}/metadata"));
+            if meta.is_none_or(Value::is_null) {
+                ops.push(json!({"op": "add", "path": format!("{template}/metadata"), "value": {}}));
+            }
+            if meta.and_then(|m| m.get("annotations")).is_none_or(Value::is_null) {
+                ops.push(json!({"op": "add", "path": format!("{template}/metadata/annotations"), "value": {}}));
+            }
+            let escaped = key.replace('~', "~0").replace('/', "~1");
+            ops.push(json!({"op": "add", "path": format!("{template}/metadata/annotations/{escaped}"), "value": value}));
+            let patch = base64::engine::general_purpose::STANDARD.encode(Value::Array(ops).to_string());
+            json!({"allowed": true, "patchType": "JSONPatch", "patch": patch})
+        })
+        .await
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// A MutatingWebhookConfiguration for this webhook: CREATE and UPDATE of the workload kinds,
+    /// in namespaces labelled `confighash.dev/enabled=true`.
+    pub fn configuration(&self, name: &str, failure_policy: &str) -> Value {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "stamp.confighash.dev",
+                "clientConfig": {"url": self.url, "caBundle": self.certs.ca_bundle()},
+                "rules": [
+                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["deployments", "statefulsets", "daemonsets"]},
+                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["cronjobs"]}
+                ],
+                "namespaceSelector": {"matchLabels": {"confighash.dev/enabled": "true"}},
+                "failurePolicy": failure_policy,
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "admissionReviewVersions": ["v1"]
+            }]
+        })
+    }
+}
+
+async fn mutate(State(state): State<Arc<HookState>>, body: axum::Json<Value>) -> axum::Json<Value> {
+    state.calls.fetch_add(1, Ordering::SeqCst);
+    let request = &body.0["request"];
+    let mut response = (state.handler)(request);
+    response["uid"] = request["uid"].clone();
+    axum::Json(json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": response
+    }))
+}

@@ -1,0 +1,988 @@
+//! Tests of the in-memory API server itself, through a real `kube::Client`: the evidence that it
+//! behaves like kube-apiserver where confighash relies on it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use apiserver::{ApiServer, TestWebhook};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// Polls `check` until it holds or the deadline passes.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = tokio::time::Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn namespace(client: &Client, name: &str, labels: &[(&str, &str)]) {
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace created");
+}
+
+fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+fn deployment(name: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+fn api_code(err: kube::Error) -> u16 {
+    match err {
+        kube::Error::Api(s) => s.code,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn create_get_list_patch_delete() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "shop", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "shop");
+
+    let created = cms
+        .create(&PostParams::default(), &config_map("web", &[("a", "1")]))
+        .await
+        .unwrap();
+    assert!(created.uid().is_some());
+    assert!(created.metadata.creation_timestamp.is_some());
+    let rv1: u64 = created.resource_version().unwrap().parse().unwrap();
+
+    let err = cms
+        .create(&PostParams::default(), &config_map("web", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 409, "a second create of one name conflicts");
+
+    let got = cms.get("web").await.unwrap();
+    assert_eq!(got.data.unwrap()["a"], "1");
+
+    let patched = cms
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"b": "2"}})),
+        )
+        .await
+        .unwrap();
+    let rv2: u64 = patched.resource_version().unwrap().parse().unwrap();
+    assert!(rv2 > rv1, "every write gets a higher resourceVersion");
+    assert_eq!(patched.data.as_ref().unwrap().len(), 2);
+
+    let list = cms.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+
+    cms.delete("web", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api_code(cms.get("web").await.unwrap_err()), 404);
+    assert_eq!(
+        api_code(
+            cms.delete("web", &DeleteParams::default())
+                .await
+                .unwrap_err()
+        ),
+        404
+    );
+
+    // Creating in a namespace that does not exist is NotFound.
+    let elsewhere: Api<ConfigMap> = Api::namespaced(client, "nowhere");
+    let err = elsewhere
+        .create(&PostParams::default(), &config_map("x", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 404);
+}
+
+#[tokio::test]
+async fn generate_name_and_invalid_names() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    let mut cm = config_map("", &[]);
+    cm.metadata.name = None;
+    cm.metadata.generate_name = Some("cfg-".into());
+    let a = cms.create(&PostParams::default(), &cm).await.unwrap();
+    let b = cms.create(&PostParams::default(), &cm).await.unwrap();
+    assert!(
+        a.name_any().starts_with("cfg-") && a.name_any().len() == 9,
+        "{}",
+        a.name_any()
+    );
+    assert_ne!(a.name_any(), b.name_any());
+    let err = cms
+        .create(&PostParams::default(), &config_map("Not_Valid", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 422);
+}
+
+#[tokio::test]
+async fn list_pages_with_limit_and_continue() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    for i in 0..7 {
+        cms.create(&PostParams::default(), &config_map(&format!("cm-{i}"), &[]))
+            .await
+            .unwrap();
+    }
+    let mut names = Vec::new();
+    let mut params = ListParams::default().limit(3);
+    let mut rvs = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = cms.list(&params).await.unwrap();
+        pages += 1;
+        rvs.push(page.metadata.resource_version.clone().unwrap());
+        names.extend(page.items.iter().map(|c| c.name_any()));
+        if pages == 1 {
+            // A write between pages does not show in later pages: they come from one snapshot.
+            cms.create(&PostParams::default(), &config_map("cm-9", &[]))
+                .await
+                .unwrap();
+        }
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => params = params.continue_token(&c),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(names, (0..7).map(|i| format!("cm-{i}")).collect::<Vec<_>>());
+    assert!(
+        rvs.windows(2).all(|w| w[0] == w[1]),
+        "all pages share one resourceVersion: {rvs:?}"
+    );
+
+    // A continue token from before a compaction is 410 Gone.
+    let first = cms.list(&ListParams::default().limit(2)).await.unwrap();
+    server.compact();
+    let token = first.metadata.continue_.unwrap();
+    let err = cms
+        .list(&ListParams::default().limit(2).continue_token(&token))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 410);
+}
+
+#[tokio::test]
+async fn label_and_field_selectors() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "a", &[]).await;
+    namespace(&client, "b", &[]).await;
+    for ns in ["a", "b"] {
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+        for (name, tier) in [("one", "web"), ("two", "db"), ("three", "web")] {
+            let mut cm = config_map(name, &[]);
+            cm.metadata.labels = Some(BTreeMap::from([("tier".to_string(), tier.to_string())]));
+            cms.create(&PostParams::default(), &cm).await.unwrap();
+        }
+    }
+    let all: Api<ConfigMap> = Api::all(client.clone());
+    let names = |l: kube::api::ObjectList<ConfigMap>| -> Vec<String> {
+        l.items
+            .iter()
+            .map(|c| format!("{}/{}", c.namespace().unwrap(), c.name_any()))
+            .collect()
+    };
+    let web = all
+        .list(&ListParams::default().labels("tier=web"))
+        .await
+        .unwrap();
+    assert_eq!(names(web), ["a/one", "a/three", "b/one", "b/three"]);
+    let not_web = all
+        .list(&ListParams::default().labels("tier!=web"))
+        .await
+        .unwrap();
+    assert_eq!(names(not_web), ["a/two", "b/two"]);
+    let in_a = all
+        .list(&ListParams::default().fields("metadata.namespace=a,metadata.name!=one"))
+        .await
+        .unwrap();
+    assert_eq!(names(in_a), ["a/three", "a/two"]);
+    let err = all
+        .list(&ListParams::default().fields("data.x=1"))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 400, "unsupported field labels are refused");
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "a");
+    for (name, type_) in [("tls", "kubernetes.io/tls"), ("plain", "Opaque")] {
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name}, "type": type_, "stringData": {"k": "v"}
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    let opaque = secrets
+        .list(&ListParams::default().fields("type!=kubernetes.io/tls"))
+        .await
+        .unwrap();
+    assert_eq!(
+        opaque
+            .items
+            .iter()
+            .map(|s| s.name_any())
+            .collect::<Vec<_>>(),
+        ["plain"]
+    );
+    // stringData was folded into data.
+    let plain = secrets.get("plain").await.unwrap();
+    assert_eq!(plain.data.unwrap()["k"].0, b"v");
+    assert!(plain.string_data.is_none());
+}
+
+#[tokio::test]
+async fn update_conflicts_on_a_stale_resource_version() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    let first = cms
+        .create(&PostParams::default(), &config_map("c", &[("k", "1")]))
+        .await
+        .unwrap();
+    let mut second = first.clone();
+    second.data = Some(BTreeMap::from([("k".into(), "2".into())]));
+    cms.replace("c", &PostParams::default(), &second)
+        .await
+        .unwrap();
+    let mut stale = first.clone();
+    stale.data = Some(BTreeMap::from([("k".into(), "3".into())]));
+    let err = cms
+        .replace("c", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 409);
+    assert_eq!(cms.get("c").await.unwrap().data.unwrap()["k"], "2");
+    // Without a resourceVersion the update is unconditional.
+    stale.metadata.resource_version = None;
+    cms.replace("c", &PostParams::default(), &stale)
+        .await
+        .unwrap();
+    assert_eq!(cms.get("c").await.unwrap().data.unwrap()["k"], "3");
+}
+
+#[tokio::test]
+async fn every_patch_type() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client, "ns");
+    deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+
+    let merged = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "spec": {"template": {"metadata": {"annotations": {"a": "1"}}}}
+            })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        merged
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()["a"],
+        "1"
+    );
+
+    let json_patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "add", "path": "/spec/template/metadata/annotations/confighash.dev~1checksum", "value": "x"}
+    ]))
+    .unwrap();
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Json::<()>(json_patch),
+        )
+        .await
+        .unwrap();
+    let annotations = patched
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .annotations
+        .unwrap();
+    assert_eq!(annotations["confighash.dev/checksum"], "x");
+    assert_eq!(annotations["a"], "1");
+
+    // Strategic merge merges containers by name instead of replacing the list.
+    let strategic = deploys
+        .patch("web", &PatchParams::default(), &Patch::Strategic(json!({
+            "spec": {"template": {"spec": {"containers": [{"name": "app", "env": [{"name": "X", "value": "1"}]}]}}}
+        })))
+        .await
+        .unwrap();
+    let containers = strategic.spec.unwrap().template.spec.unwrap().containers;
+    assert_eq!(containers.len(), 1);
+    assert_eq!(containers[0].image.as_deref(), Some("example/app:1"));
+    assert_eq!(containers[0].env.as_ref().unwrap()[0].name, "X");
+
+    // Server-side apply creates, then updates.
+    let applied = deploys
+        .patch(
+            "api",
+            &PatchParams::apply("confighash"),
+            &Patch::Apply(deployment("api")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.metadata.generation, Some(1));
+    let mut changed = deployment("api");
+    changed.spec.as_mut().unwrap().replicas = Some(3);
+    let applied = deploys
+        .patch(
+            "api",
+            &PatchParams::apply("confighash"),
+            &Patch::Apply(changed),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied.spec.unwrap().replicas, Some(3));
+    assert_eq!(
+        applied.metadata.generation,
+        Some(2),
+        "a spec change bumps generation"
+    );
+
+    // A broken JSON patch is refused and stores nothing.
+    let rv = server.resource_version();
+    let bad: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "remove", "path": "/spec/nothing/here"}])).unwrap();
+    let err = deploys
+        .patch("web", &PatchParams::default(), &Patch::Json::<()>(bad))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 422);
+    assert_eq!(server.resource_version(), rv);
+}
+
+#[tokio::test]
+async fn identical_writes_store_nothing() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    let cm = cms
+        .create(&PostParams::default(), &config_map("c", &[("k", "1")]))
+        .await
+        .unwrap();
+    let rv = server.resource_version();
+    let same = cms
+        .patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "1"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(same.resource_version(), cm.resource_version());
+    cms.replace("c", &PostParams::default(), &cm).await.unwrap();
+    assert_eq!(server.resource_version(), rv, "no resourceVersion was used");
+}
+
+#[tokio::test]
+async fn rollouts_count_template_transitions() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client, "ns");
+    deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(server.rollouts("ns", "Deployment", "web"), 0);
+    let set = |v: &str| {
+        Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {"v": v}}}}}))
+    };
+    for v in ["a", "b", "a"] {
+        deploys
+            .patch("web", &PatchParams::default(), &set(v))
+            .await
+            .unwrap();
+    }
+    // Replicas are not the template.
+    deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        server.rollouts("ns", "Deployment", "web"),
+        3,
+        "A->B->A counts each transition"
+    );
+}
+
+#[tokio::test]
+async fn watch_resumes_after_a_dropped_stream_and_reports_410() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    let start = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+
+    let mut stream = cms
+        .watch(&WatchParams::default(), &start)
+        .await
+        .unwrap()
+        .boxed();
+    cms.create(&PostParams::default(), &config_map("a", &[]))
+        .await
+        .unwrap();
+    let last = match tokio::time::timeout(DEADLINE, stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Some(WatchEvent::Added(cm)) => {
+            assert_eq!(cm.name_any(), "a");
+            cm.resource_version().unwrap()
+        }
+        other => panic!("expected ADDED, got {other:?}"),
+    };
+
+    server.close_watches();
+    let end = tokio::time::timeout(DEADLINE, stream.try_next())
+        .await
+        .unwrap();
+    assert!(
+        matches!(end, Ok(None)),
+        "the stream ends when dropped: {end:?}"
+    );
+
+    // Written while nobody watched: a resumed watch replays it.
+    cms.create(&PostParams::default(), &config_map("b", &[]))
+        .await
+        .unwrap();
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    let mut resumed = cms
+        .watch(&WatchParams::default(), &last)
+        .await
+        .unwrap()
+        .boxed();
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        match tokio::time::timeout(DEADLINE, resumed.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(WatchEvent::Added(cm)) => seen.push(format!("ADDED {}", cm.name_any())),
+            Some(WatchEvent::Deleted(cm)) => seen.push(format!("DELETED {}", cm.name_any())),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen, ["ADDED b", "DELETED a"]);
+
+    server.compact();
+    let mut old = cms
+        .watch(&WatchParams::default(), &last)
+        .await
+        .unwrap()
+        .boxed();
+    match tokio::time::timeout(DEADLINE, old.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Some(WatchEvent::Error(e)) => assert_eq!(e.code, 410),
+        other => panic!("expected a 410 error event, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn watch_sends_bookmarks_and_selector_transitions() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    let mut cm = config_map("c", &[]);
+    cm.metadata.labels = Some(BTreeMap::from([("watched".into(), "yes".into())]));
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let rv = server.resource_version().to_string();
+    let params = WatchParams::default().labels("watched=yes");
+    let mut stream = cms.watch(&params, &rv).await.unwrap().boxed();
+    // Leaving the selection reads as DELETED to this watch.
+    cms.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"watched": "no"}}})),
+    )
+    .await
+    .unwrap();
+    let mut deleted = false;
+    let mut bookmark = false;
+    while !(deleted && bookmark) {
+        match tokio::time::timeout(DEADLINE, stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Some(WatchEvent::Deleted(c)) => deleted = c.name_any() == "c",
+            Some(WatchEvent::Bookmark(b)) => {
+                let brv: u64 = b.metadata.resource_version.parse().unwrap();
+                bookmark = deleted && brv >= server.resource_version();
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn runtime_watcher_survives_drops_and_compaction() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let task = {
+        let seen = seen.clone();
+        let stream = watcher(cms.clone(), watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(Ok(cm)) = stream.next().await {
+                seen.lock().unwrap().insert(cm.name_any());
+            }
+        })
+    };
+    let has = |name: &'static str| {
+        let seen = seen.clone();
+        move || {
+            let ok = seen.lock().unwrap().contains(name);
+            async move { ok }
+        }
+    };
+    cms.create(&PostParams::default(), &config_map("first", &[]))
+        .await
+        .unwrap();
+    eventually("first", has("first")).await;
+    server.close_watches();
+    cms.create(&PostParams::default(), &config_map("second", &[]))
+        .await
+        .unwrap();
+    eventually("second after a dropped watch", has("second")).await;
+    server.compact();
+    server.close_watches();
+    cms.create(&PostParams::default(), &config_map("third", &[]))
+        .await
+        .unwrap();
+    eventually("third after 410", has("third")).await;
+    task.abort();
+}
+
+#[tokio::test]
+async fn the_event_recorder_publishes_events() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "ns");
+    let d = deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "confighash".into(),
+            instance: None,
+        },
+    );
+    let reference = ObjectReference {
+        api_version: Some("apps/v1".into()),
+        kind: Some("Deployment".into()),
+        name: d.metadata.name.clone(),
+        namespace: d.metadata.namespace.clone(),
+        uid: d.metadata.uid.clone(),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Normal,
+        reason: "ConfigChanged".into(),
+        note: Some("ConfigMap web changed".into()),
+        action: "Rolling".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, "ns");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        list.items.len(),
+        1,
+        "a repeated event is one object with a count"
+    );
+    let e = &list.items[0];
+    assert_eq!(e.reason.as_deref(), Some("ConfigChanged"));
+    assert_eq!(e.regarding.as_ref().unwrap().name.as_deref(), Some("web"));
+}
+
+#[tokio::test]
+async fn injected_faults_and_delays() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    cms.create(&PostParams::default(), &config_map("c", &[]))
+        .await
+        .unwrap();
+    server.fail_next(Some("get"), Some("configmaps"), 2, 500);
+    assert_eq!(api_code(cms.get("c").await.unwrap_err()), 500);
+    assert_eq!(api_code(cms.get("c").await.unwrap_err()), 500);
+    cms.get("c").await.expect("the fault is used up");
+    // A 429 carries Retry-After, so kube's default retry policy sends the list again.
+    let lists = |s: &ApiServer| s.requests().iter().filter(|(v, _)| v == "list").count();
+    let before = lists(&server);
+    server.fail_next(None, Some("configmaps"), 1, 429);
+    cms.list(&ListParams::default()).await.unwrap();
+    assert_eq!(lists(&server), before + 2, "one refused list, one retried");
+    // Without retries the 429 reaches the caller.
+    let mut config = server.config();
+    config.default_retry = false;
+    let plain: Api<ConfigMap> = Api::namespaced(Client::try_from(config).unwrap(), "ns");
+    server.fail_next(None, Some("configmaps"), 1, 429);
+    assert_eq!(
+        api_code(plain.list(&ListParams::default()).await.unwrap_err()),
+        429
+    );
+    // Faults on other resources leave this one alone.
+    server.fail_next(Some("get"), Some("secrets"), 1, 500);
+    cms.get("c").await.unwrap();
+
+    server.set_delay(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    cms.get("c").await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    server.set_delay(Duration::ZERO);
+}
+
+#[tokio::test]
+async fn rollouts_can_be_unserved() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    assert!(discovery.has_group("argoproj.io"));
+    assert!(discovery.has_group("apps"));
+    server.set_rollouts_served(false);
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+    assert!(!discovery.has_group("argoproj.io"));
+    let req = http::Request::get("/apis/argoproj.io/v1alpha1/rollouts")
+        .body(Vec::new())
+        .unwrap();
+    let err = client.request::<serde_json::Value>(req).await.unwrap_err();
+    assert_eq!(api_code(err), 404);
+}
+
+async fn register(client: &Client, configuration: serde_json::Value) {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let name = configuration["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let obj: MutatingWebhookConfiguration = serde_json::from_value(configuration).unwrap();
+    match api.get_opt(&name).await.unwrap() {
+        Some(old) => {
+            let mut obj = obj;
+            obj.metadata.resource_version = old.metadata.resource_version;
+            api.replace(&name, &PostParams::default(), &obj)
+                .await
+                .unwrap();
+        }
+        None => {
+            api.create(&PostParams::default(), &obj).await.unwrap();
+        }
+    }
+}
+
+fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(key)
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_registered_webhook_mutates_and_its_change_counts_as_a_rollout() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    namespace(&client, "off", &[]).await;
+    let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
+    register(&client, hook.configuration("confighash", "Fail")).await;
+
+    let on: Api<Deployment> = Api::namespaced(client.clone(), "on");
+    let created = on
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(
+        template_annotation(&created, "confighash.dev/checksum").as_deref(),
+        Some("stamped")
+    );
+    assert_eq!(hook.calls(), 1);
+    assert_eq!(
+        server.rollouts("on", "Deployment", "web"),
+        0,
+        "a create is not a rollout"
+    );
+
+    // A user's template change goes through the webhook again: one rollout.
+    on.patch("web", &PatchParams::default(), &Patch::Merge(json!({
+        "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "example/app:2"}]}}}
+    })))
+    .await
+    .unwrap();
+    assert_eq!(hook.calls(), 2);
+    assert_eq!(server.rollouts("on", "Deployment", "web"), 1);
+
+    // A patch that changes nothing is still admitted, and stores nothing.
+    let rv = server.resource_version();
+    on.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "web"}}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(hook.calls(), 3, "admission runs on a no-op patch");
+    assert_eq!(
+        server.resource_version(),
+        rv,
+        "an identical write is skipped"
+    );
+
+    // A namespace outside the namespaceSelector is never sent to the webhook.
+    let off: Api<Deployment> = Api::namespaced(client.clone(), "off");
+    let plain = off
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(template_annotation(&plain, "confighash.dev/checksum"), None);
+    assert_eq!(hook.calls(), 3);
+
+    // Dry runs are admitted and not stored.
+    let dry = on
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &deployment("dry"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        template_annotation(&dry, "confighash.dev/checksum").as_deref(),
+        Some("stamped")
+    );
+    assert_eq!(api_code(on.get("dry").await.unwrap_err()), 404);
+
+    assert!(
+        server
+            .webhook_calls()
+            .iter()
+            .all(|c| c.webhook == "stamp.confighash.dev")
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_webhook_follows_its_failure_policy() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
+    let unreachable = |policy: &str| {
+        let mut c = hook.configuration("confighash", policy);
+        // A port nothing listens on: connection refused.
+        c["webhooks"][0]["clientConfig"]["url"] = json!("https://127.0.0.1:9/mutate");
+        c
+    };
+    let on: Api<Deployment> = Api::namespaced(client.clone(), "on");
+
+    register(&client, unreachable("Ignore")).await;
+    let created = on
+        .create(&PostParams::default(), &deployment("ignored"))
+        .await
+        .unwrap();
+    assert_eq!(
+        template_annotation(&created, "confighash.dev/checksum"),
+        None
+    );
+
+    register(&client, unreachable("Fail")).await;
+    let err = on
+        .create(&PostParams::default(), &deployment("failed"))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 500);
+    assert_eq!(api_code(on.get("failed").await.unwrap_err()), 404);
+}
+
+#[tokio::test]
+async fn rbac_denies_what_the_roles_do_not_allow() {
+    let server = ApiServer::start().await;
+    let admin = server.client();
+    namespace(&admin, "a", &[]).await;
+    namespace(&admin, "b", &[]).await;
+    for ns in ["a", "b"] {
+        Api::<ConfigMap>::namespaced(admin.clone(), ns)
+            .create(&PostParams::default(), &config_map("c", &[]))
+            .await
+            .unwrap();
+    }
+    let roles = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader, namespace: a}
+rules:
+  - apiGroups: [""]
+    resources: [configmaps]
+    verbs: [get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: reader, namespace: a}
+subjects: [{kind: ServiceAccount, name: app, namespace: a}]
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
+"#;
+    server.set_authorizer(Some(apiserver::rbac::Authorizer::from_yaml(roles).unwrap()));
+    server.add_token(
+        "app-token",
+        apiserver::user::UserInfo::service_account("a", "app"),
+    );
+    let app = Client::try_from(server.config_with_token("app-token")).unwrap();
+
+    let in_a: Api<ConfigMap> = Api::namespaced(app.clone(), "a");
+    in_a.get("c").await.expect("the Role allows get in a");
+    assert_eq!(
+        api_code(in_a.list(&ListParams::default()).await.unwrap_err()),
+        403
+    );
+    assert_eq!(
+        api_code(
+            in_a.delete("c", &DeleteParams::default())
+                .await
+                .unwrap_err()
+        ),
+        403
+    );
+    let in_b: Api<ConfigMap> = Api::namespaced(app.clone(), "b");
+    let err = in_b.get("c").await.unwrap_err();
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 403);
+            assert!(
+                s.message.contains("cannot get resource \"configmaps\""),
+                "{}",
+                s.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Discovery is open to every authenticated user; an unknown token is not authenticated.
+    kube::Discovery::new(app)
+        .run()
+        .await
+        .expect("discovery is allowed");
+    let stranger = Client::try_from(server.config_with_token("nobody")).unwrap();
+    let err = Api::<ConfigMap>::namespaced(stranger, "a")
+        .get("c")
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 401);
+    // The superuser is not restricted.
+    Api::<ConfigMap>::namespaced(admin, "b")
+        .get("c")
+        .await
+        .unwrap();
+}
