@@ -483,6 +483,37 @@ async fn rollouts_count_template_transitions() {
         )
         .await
         .unwrap();
+    // A CronJob's rollouts are its job template's transitions.
+    let cronjobs: Api<k8s_openapi::api::batch::v1::CronJob> =
+        Api::namespaced(server.client(), "ns");
+    let cj = serde_json::from_value(json!({
+        "metadata": {"name": "nightly"},
+        "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "OnFailure", "containers": [{"name": "c", "image": "busybox"}]
+        }}}}}
+    }))
+    .unwrap();
+    cronjobs.create(&PostParams::default(), &cj).await.unwrap();
+    cronjobs
+        .patch(
+            "nightly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"schedule": "0 4 * * *"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        server.rollouts("ns", "CronJob", "nightly"),
+        0,
+        "the schedule is not the template"
+    );
+    cronjobs
+        .patch("nightly", &PatchParams::default(), &Patch::Merge(json!({
+            "spec": {"jobTemplate": {"spec": {"template": {"metadata": {"annotations": {"v": "1"}}}}}}
+        })))
+        .await
+        .unwrap();
+    assert_eq!(server.rollouts("ns", "CronJob", "nightly"), 1);
     assert_eq!(
         server.rollouts("ns", "Deployment", "web"),
         3,

@@ -870,6 +870,8 @@ fn watch_stream(
             tokio::select! {
                 _ = &mut deadline => return,
                 _ = kill.changed() => return,
+                // The client went away.
+                _ = tx.closed() => return,
                 _ = ticker.tick(), if bookmarks => {
                     // Everything up to the store's version is already in the channel: drain it,
                     // then the bookmark's version is one the client has seen all events up to.
