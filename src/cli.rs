@@ -2,7 +2,9 @@
 //! input handling.
 
 use std::io::Read;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -24,6 +26,75 @@ pub struct Cli {
 pub enum Command {
     /// Stamp the workloads of Kubernetes YAML offline, resolving references within the input.
     Stamp(StampArgs),
+    /// Serve the mutating admission webhook over TLS, with an admin port.
+    Serve(ServeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address of the webhook (HTTPS).
+    #[arg(long, env = "CONFIGHASH_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Address of the admin port (plain HTTP: /livez, /readyz, /metrics).
+    #[arg(long, env = "CONFIGHASH_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// Serving certificate (PEM), re-read when it changes.
+    #[arg(long, env = "CONFIGHASH_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: PathBuf,
+    /// Serving certificate's private key (PEM), re-read when it changes.
+    #[arg(long, env = "CONFIGHASH_TLS_KEY", value_name = "FILE")]
+    pub tls_key: PathBuf,
+    /// HMAC key file: its bytes exactly as they are (at least 16).
+    #[arg(
+        long,
+        env = "CONFIGHASH_KEY_FILE",
+        value_name = "FILE",
+        conflicts_with = "key_secret"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// Secret in the pod's namespace whose data key `key` is the HMAC key; created with 32 random
+    /// bytes when absent, and reloaded when it changes.
+    #[arg(
+        long,
+        env = "CONFIGHASH_KEY_SECRET",
+        value_name = "NAME",
+        default_value = "confighash-key"
+    )]
+    pub key_secret: String,
+    /// One deadline for all lookups of a review, well below the webhook's timeoutSeconds.
+    #[arg(long, env = "CONFIGHASH_LOOKUP_DEADLINE", value_name = "DUR", default_value = "2s", value_parser = parse_duration)]
+    pub lookup_deadline: Duration,
+    /// Log format.
+    #[arg(
+        long,
+        env = "CONFIGHASH_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log level or filter (`info`, `debug`, `confighash=debug,kube=warn`).
+    #[arg(
+        long,
+        env = "CONFIGHASH_LOG_LEVEL",
+        value_name = "LEVEL",
+        default_value = "info"
+    )]
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is not a duration such as 2s or 500ms: {e}"))?;
+    if d.is_zero() {
+        return Err("the duration must be more than zero".into());
+    }
+    Ok(d)
 }
 
 #[derive(Debug, Args)]

@@ -3,10 +3,18 @@
 //! The pure core (reference discovery, the checksum recipe, the stamp rules and the patch) has no
 //! Kubernetes client in it; the webhook, the watcher and the offline `stamp` command all call it.
 
+pub mod admin;
+pub mod admission;
+pub mod certs;
 pub mod checksum;
 pub mod cli;
+pub mod key;
+pub mod lookup;
+pub mod metrics;
 pub mod offline;
 pub mod patch;
 pub mod refs;
 pub mod rules;
+pub mod serve;
+pub mod tls;
 pub mod workload;

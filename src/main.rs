@@ -2,30 +2,73 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use confighash::cli::{self, Cli, Command};
+use confighash::cli::{self, Cli, Command, LogFormat};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Stamp(args) => match cli::stamp(&args, std::io::stdin().lock()) {
-            Ok(output) => {
-                for warning in &output.warnings {
-                    eprintln!("warning: {warning}");
-                }
-                let mut stdout = std::io::stdout().lock();
-                if let Err(e) = stdout
-                    .write_all(output.text.as_bytes())
-                    .and_then(|()| stdout.flush())
-                {
-                    eprintln!("error: writing the output: {e}");
-                    return ExitCode::FAILURE;
-                }
-                ExitCode::SUCCESS
+        Command::Stamp(args) => stamp(&args),
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn stamp(args: &cli::StampArgs) -> ExitCode {
+    match cli::stamp(args, std::io::stdin().lock()) {
+        Ok(output) => {
+            for warning in &output.warnings {
+                eprintln!("warning: {warning}");
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
+            let mut stdout = std::io::stdout().lock();
+            if let Err(e) = stdout
+                .write_all(output.text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                eprintln!("error: writing the output: {e}");
+                return ExitCode::FAILURE;
             }
-        },
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve(args: cli::ServeArgs) -> ExitCode {
+    let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: --log-level {:?}: {e}", args.log_level);
+            return ExitCode::from(2);
+        }
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
+    }
+    // One TLS implementation for the webhook and the Kubernetes client alike.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        tracing::debug!("a TLS crypto provider was already installed");
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(confighash::serve::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "confighash serve failed");
+            ExitCode::FAILURE
+        }
     }
 }

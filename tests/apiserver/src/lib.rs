@@ -5,6 +5,7 @@
 //! which Kubernetes behaviour it mimics.
 
 pub mod admission;
+pub mod https;
 pub mod patches;
 pub mod rbac;
 pub mod resources;
@@ -14,5 +15,6 @@ pub mod store;
 pub mod testwebhook;
 pub mod user;
 
+pub use https::HttpsClient;
 pub use server::{ApiServer, Options};
 pub use testwebhook::{TestCerts, TestWebhook};

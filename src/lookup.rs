@@ -1,0 +1,186 @@
+//! Reading a workload's references: every object in parallel under one deadline.
+//!
+//! NotFound is "absent", not an error. Any other error, or the deadline passing, fails the whole
+//! lookup (stamp rule 1), because a stamp computed from part of the inputs would be wrong.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::{BoxFuture, join_all};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Api;
+
+use crate::checksum::{self, ObjectView, RecipeError, RefState, Stamp, StampKey};
+use crate::metrics::Metrics;
+use crate::refs::{ObjectKind, ObjectRef, References};
+use crate::rules::Lookup;
+
+/// A referenced object as read from the API server.
+#[derive(Debug, Clone)]
+pub enum Fetched {
+    ConfigMap(ConfigMap),
+    Secret(Secret),
+}
+
+impl Fetched {
+    fn annotations(&self) -> Option<&BTreeMap<String, String>> {
+        match self {
+            Fetched::ConfigMap(c) => c.metadata.annotations.as_ref(),
+            Fetched::Secret(s) => s.metadata.annotations.as_ref(),
+        }
+    }
+
+    fn view(&self) -> Result<ObjectView<'_>, RecipeError> {
+        match self {
+            Fetched::ConfigMap(c) => ObjectView::config_map(c),
+            Fetched::Secret(s) => Ok(ObjectView::secret(s)),
+        }
+    }
+}
+
+/// Why a lookup failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookupError {
+    #[error("reading {object}: {message}")]
+    Read { object: ObjectRef, message: String },
+    #[error("the lookup deadline of {0:?} passed")]
+    Deadline(Duration),
+    #[error(transparent)]
+    Recipe(#[from] RecipeError),
+}
+
+/// Where referenced objects are read from.
+pub trait ConfigSource: Send + Sync + 'static {
+    /// The object, `None` when it does not exist.
+    fn fetch<'a>(
+        &'a self,
+        namespace: &'a str,
+        object: &'a ObjectRef,
+    ) -> BoxFuture<'a, Result<Option<Fetched>, String>>;
+}
+
+/// Reads straight from the API server. A get without a resourceVersion is a consistent (quorum)
+/// read, so a ConfigMap written just before its Deployment is seen.
+pub struct KubeSource {
+    client: kube::Client,
+}
+
+impl KubeSource {
+    pub fn new(client: kube::Client) -> Self {
+        KubeSource { client }
+    }
+}
+
+impl ConfigSource for KubeSource {
+    fn fetch<'a>(
+        &'a self,
+        namespace: &'a str,
+        object: &'a ObjectRef,
+    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+        Box::pin(async move {
+            match object.kind {
+                ObjectKind::ConfigMap => {
+                    Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+                        .get_opt(&object.name)
+                        .await
+                        .map(|o| o.map(Fetched::ConfigMap))
+                }
+                ObjectKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
+                    .get_opt(&object.name)
+                    .await
+                    .map(|o| o.map(Fetched::Secret)),
+            }
+            .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Every referenced object, read.
+#[derive(Debug, Default)]
+pub struct Resolved {
+    objects: BTreeMap<ObjectRef, Option<Fetched>>,
+}
+
+impl Resolved {
+    /// Required references that do not exist.
+    pub fn absent_required<'r>(
+        &'r self,
+        refs: &'r References,
+    ) -> impl Iterator<Item = &'r ObjectRef> {
+        refs.iter()
+            .filter(|(r, spec)| !spec.optional && matches!(self.objects.get(*r), Some(None)))
+            .map(|(r, _)| r)
+    }
+
+    /// The expected stamp of `refs` over these objects.
+    pub fn stamp(&self, key: &StampKey, refs: &References) -> Result<Stamp, RecipeError> {
+        let mut views = BTreeMap::new();
+        for (r, fetched) in &self.objects {
+            if let Some(f) = fetched
+                && !checksum::is_ignored(f.annotations())
+            {
+                views.insert(r, f.view()?);
+            }
+        }
+        Ok(checksum::compute_stamp(Some(key), refs, |r| {
+            match (self.objects.get(r), views.get(r)) {
+                (_, Some(view)) => RefState::Present(view),
+                (Some(Some(_)), None) => RefState::Ignored,
+                _ => RefState::Absent,
+            }
+        }))
+    }
+
+    /// The rules' view of this lookup.
+    pub fn lookup(&self, key: &StampKey, refs: &References) -> Result<Lookup, RecipeError> {
+        Ok(Lookup::Resolved {
+            expected: self.stamp(key, refs)?,
+            required_absent: self.absent_required(refs).next().is_some(),
+        })
+    }
+}
+
+/// Reads every reference of a workload in `namespace`, in parallel, within `deadline`.
+pub async fn resolve(
+    source: &dyn ConfigSource,
+    namespace: &str,
+    refs: &References,
+    deadline: Duration,
+    metrics: &Metrics,
+) -> Result<Resolved, LookupError> {
+    let reads = refs
+        .iter()
+        .map(|(r, _)| async move { (r, source.fetch(namespace, r).await) });
+    let results = tokio::time::timeout(deadline, join_all(reads))
+        .await
+        .map_err(|_| {
+            for (r, _) in refs.iter() {
+                metrics.lookup(r.kind.as_str(), "deadline");
+            }
+            LookupError::Deadline(deadline)
+        })?;
+    let mut resolved = Resolved::default();
+    let mut failure = None;
+    for (r, result) in results {
+        match result {
+            Ok(found) => {
+                metrics.lookup(
+                    r.kind.as_str(),
+                    if found.is_some() { "found" } else { "absent" },
+                );
+                resolved.objects.insert(r.clone(), found);
+            }
+            Err(message) => {
+                metrics.lookup(r.kind.as_str(), "error");
+                failure.get_or_insert(LookupError::Read {
+                    object: r.clone(),
+                    message,
+                });
+            }
+        }
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(resolved),
+    }
+}

@@ -1,0 +1,445 @@
+//! Serving certificates for the webhook, re-read from disk without dropping connections.
+//!
+//! [`CertStore`] holds the pair in service in an [`ArcSwap`]; the rustls [`ServerConfig`] from
+//! [`CertStore::server_config`] asks it for the pair on every handshake, so a swap takes effect
+//! on the next connection and connections already open keep the pair they started with.
+//!
+//! [`CertStore::poll`] re-reads the two paths on an interval. Reading the paths (rather than
+//! watching them) follows kubelet's Secret volume updates, which write a new dated directory and
+//! rename a `..data` symlink over the old one: `tls.crt -> ..data/tls.crt` then resolves to the new
+//! files. A new pair replaces the old one only when both files parse and the key matches the
+//! certificate; otherwise the old pair stays in service and the error is reported.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::ServerConfig;
+use rustls::crypto::CryptoProvider;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::pem::{self, PemObject};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use sha2::{Digest, Sha256};
+
+/// ALPN protocols the webhook offers, most preferred first.
+pub const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];
+
+/// Why a certificate and key pair could not be loaded. Every message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is not valid PEM: {reason}", path.display())]
+    Pem { path: PathBuf, reason: String },
+    #[error("no certificate (a PEM \"CERTIFICATE\" block) in {}", path.display())]
+    NoCertificate { path: PathBuf },
+    #[error(
+        "no private key in {} (expected an unencrypted PEM \"PRIVATE KEY\", \"RSA PRIVATE KEY\" or \"EC PRIVATE KEY\" block)",
+        path.display()
+    )]
+    NoPrivateKey { path: PathBuf },
+    #[error("the private key in {} is encrypted; the webhook needs it unencrypted", path.display())]
+    EncryptedKey { path: PathBuf },
+    #[error(
+        "unsupported private key in {} (supported: RSA, ECDSA P-256/P-384, Ed25519): {reason}",
+        path.display()
+    )]
+    UnsupportedKey { path: PathBuf, reason: String },
+    #[error(
+        "the private key in {} does not match the certificate in {}",
+        key_path.display(),
+        cert_path.display()
+    )]
+    KeyMismatch {
+        cert_path: PathBuf,
+        key_path: PathBuf,
+    },
+    #[error("cannot parse the certificate in {} to read its expiry: {reason}", path.display())]
+    BadCertificate { path: PathBuf, reason: String },
+}
+
+/// A certificate chain and its key, checked to belong together.
+#[derive(Clone)]
+pub struct LoadedPair {
+    /// The chain (leaf first) and the signing key, as rustls serves them.
+    pub key: Arc<CertifiedKey>,
+    /// The leaf certificate's notAfter, in seconds since the Unix epoch.
+    pub not_after: i64,
+    /// SHA-256 over both files' bytes; equal fingerprints mean unchanged files.
+    pub fingerprint: [u8; 32],
+}
+
+impl fmt::Debug for LoadedPair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedPair")
+            .field("chain_len", &self.key.cert.len())
+            .field("not_after", &self.not_after)
+            .field("fingerprint", &hex::encode(self.fingerprint))
+            .finish()
+    }
+}
+
+/// Read and check the pair at `cert_path` (PEM chain, leaf first) and `key_path` (PEM key).
+pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedPair, TlsError> {
+    let (cert_pem, key_pem) = read_consistent(cert_path, key_path)?;
+    parse_pair(cert_path, &cert_pem, key_path, &key_pem)
+}
+
+/// Read both files. kubelet may swap `..data` between the two reads, so the certificate is read
+/// again after the key: if it is unchanged, the key was read from the same generation (a second
+/// swap within microseconds aside). A few attempts, then the last read is returned as it is and
+/// the key check decides.
+fn read_consistent(cert_path: &Path, key_path: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
+    const ATTEMPTS: usize = 3;
+    let mut cert_pem = read(cert_path)?;
+    let mut attempt = 1;
+    loop {
+        let key_pem = read(key_path)?;
+        let cert_again = read(cert_path)?;
+        if cert_again == cert_pem || attempt == ATTEMPTS {
+            return Ok((cert_again, key_pem));
+        }
+        cert_pem = cert_again;
+        attempt += 1;
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn fingerprint(cert_pem: &[u8], key_pem: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    // Length-prefixed, so moving bytes from one file to the other changes the fingerprint.
+    hasher.update((cert_pem.len() as u64).to_be_bytes());
+    hasher.update(cert_pem);
+    hasher.update((key_pem.len() as u64).to_be_bytes());
+    hasher.update(key_pem);
+    hasher.finalize().into()
+}
+
+fn pem_error(path: &Path, error: pem::Error) -> TlsError {
+    let reason = match error {
+        pem::Error::MissingSectionEnd { end_marker } => {
+            format!("missing \"{}\"", String::from_utf8_lossy(&end_marker))
+        }
+        pem::Error::IllegalSectionStart { line } => {
+            format!("malformed line \"{}\"", String::from_utf8_lossy(&line))
+        }
+        pem::Error::Base64Decode(reason) => format!("bad base64: {reason}"),
+        other => other.to_string(),
+    };
+    TlsError::Pem {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn parse_pair(
+    cert_path: &Path,
+    cert_pem: &[u8],
+    key_path: &Path,
+    key_pem: &[u8],
+) -> Result<LoadedPair, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error(cert_path, e))?;
+    let Some(leaf) = chain.first() else {
+        return Err(TlsError::NoCertificate {
+            path: cert_path.to_owned(),
+        });
+    };
+    let not_after = match x509_parser::parse_x509_certificate(leaf) {
+        Ok((_, cert)) => cert.validity().not_after.timestamp(),
+        Err(e) => {
+            return Err(TlsError::BadCertificate {
+                path: cert_path.to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    };
+
+    let key_der = match PrivateKeyDer::from_pem_slice(key_pem) {
+        Ok(key) => key,
+        Err(pem::Error::NoItemsFound) => {
+            let encrypted = key_pem
+                .windows(b"ENCRYPTED PRIVATE KEY".len())
+                .any(|w| w == b"ENCRYPTED PRIVATE KEY")
+                || key_pem
+                    .windows(b"Proc-Type: 4,ENCRYPTED".len())
+                    .any(|w| w == b"Proc-Type: 4,ENCRYPTED");
+            let path = key_path.to_owned();
+            return Err(if encrypted {
+                TlsError::EncryptedKey { path }
+            } else {
+                TlsError::NoPrivateKey { path }
+            });
+        }
+        Err(e) => return Err(pem_error(key_path, e)),
+    };
+    let signing_key = provider()
+        .key_provider
+        .load_private_key(key_der)
+        .map_err(|e| TlsError::UnsupportedKey {
+            path: key_path.to_owned(),
+            reason: e.to_string(),
+        })?;
+
+    let certified = CertifiedKey::new(chain, signing_key);
+    match certified.keys_match() {
+        Ok(()) => {}
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            return Err(TlsError::KeyMismatch {
+                cert_path: cert_path.to_owned(),
+                key_path: key_path.to_owned(),
+            });
+        }
+        // The ring signers all expose their public key, so this is not expected; without it
+        // there is nothing to compare, and the handshake itself would fail on a wrong key.
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(e) => {
+            return Err(TlsError::BadCertificate {
+                path: cert_path.to_owned(),
+                reason: e.to_string(),
+            });
+        }
+    }
+
+    Ok(LoadedPair {
+        key: Arc::new(certified),
+        not_after,
+        fingerprint: fingerprint(cert_pem, key_pem),
+    })
+}
+
+/// The serving pair in use, re-read from its two paths on demand ([`CertStore::reload`]) or on an
+/// interval ([`CertStore::poll`]).
+pub struct CertStore {
+    cert_path: PathBuf,
+    key_path: PathBuf,
+    current: ArcSwap<CertifiedKey>,
+    not_after: AtomicI64,
+    /// Fingerprint of the files behind `current`; the lock also serialises reloads.
+    loaded: Mutex<[u8; 32]>,
+}
+
+impl fmt::Debug for CertStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CertStore")
+            .field("cert_path", &self.cert_path)
+            .field("key_path", &self.key_path)
+            .field("not_after", &self.not_after())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CertStore {
+    /// Load the first pair; the webhook cannot serve without it, so this must succeed.
+    pub fn load(
+        cert_path: impl Into<PathBuf>,
+        key_path: impl Into<PathBuf>,
+    ) -> Result<Arc<Self>, TlsError> {
+        let cert_path = cert_path.into();
+        let key_path = key_path.into();
+        let pair = load_pair(&cert_path, &key_path)?;
+        Ok(Arc::new(CertStore {
+            cert_path,
+            key_path,
+            current: ArcSwap::new(pair.key),
+            not_after: AtomicI64::new(pair.not_after),
+            loaded: Mutex::new(pair.fingerprint),
+        }))
+    }
+
+    pub fn cert_path(&self) -> &Path {
+        &self.cert_path
+    }
+
+    pub fn key_path(&self) -> &Path {
+        &self.key_path
+    }
+
+    /// The leaf's notAfter of the pair in service, in seconds since the Unix epoch.
+    pub fn not_after(&self) -> i64 {
+        self.not_after.load(Ordering::Acquire)
+    }
+
+    /// The pair in service.
+    pub fn current(&self) -> Arc<CertifiedKey> {
+        self.current.load_full()
+    }
+
+    /// Re-read both files. `Ok(false)`: the same bytes as the pair in service. `Ok(true)`: a new
+    /// good pair is now in service. `Err`: the files are unreadable or do not make a good pair;
+    /// the old pair stays in service (it is reported again on every call until fixed).
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        let (cert_pem, key_pem) = read_consistent(&self.cert_path, &self.key_path)?;
+        if fingerprint(&cert_pem, &key_pem) == *loaded {
+            return Ok(false);
+        }
+        let pair = parse_pair(&self.cert_path, &cert_pem, &self.key_path, &key_pem)?;
+        self.current.store(pair.key);
+        self.not_after.store(pair.not_after, Ordering::Release);
+        *loaded = pair.fingerprint;
+        Ok(true)
+    }
+
+    /// The rustls configuration for the webhook port: TLS 1.2 and 1.3 with the ring provider,
+    /// ALPN `h2` and `http/1.1`, no client certificates, and the certificate taken from this
+    /// store on every handshake.
+    pub fn server_config(self: &Arc<Self>) -> ServerConfig {
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            // The ring provider has cipher suites for both versions, so this cannot fail.
+            .expect("the ring provider supports TLS 1.2 and 1.3")
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(StoreResolver(Arc::clone(self))));
+        config.alpn_protocols = ALPN_PROTOCOLS.iter().map(|p| p.to_vec()).collect();
+        config
+    }
+
+    /// Reload every `interval` (the first after one interval, since [`CertStore::load`] has just
+    /// read the files) and hand each result to `on_result`, which counts and logs. Runs until
+    /// the task is dropped or the runtime shuts down.
+    pub async fn poll(
+        self: Arc<Self>,
+        interval: Duration,
+        on_result: impl Fn(&Result<bool, TlsError>) + Send + 'static,
+    ) {
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let store = Arc::clone(&self);
+            match tokio::task::spawn_blocking(move || store.reload()).await {
+                Ok(result) => on_result(&result),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                // Cancelled: the runtime is shutting down.
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Hands rustls the pair in service at the time of each handshake.
+#[derive(Debug)]
+struct StoreResolver(Arc<CertStore>);
+
+impl ResolvesServerCert for StoreResolver {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.current())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("a key");
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("a certificate");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn write_pair(dir: &Path, cert: &str, key: &str) -> (PathBuf, PathBuf) {
+        let (c, k) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&c, cert).expect("write cert");
+        std::fs::write(&k, key).expect("write key");
+        (c, k)
+    }
+
+    #[test]
+    fn loads_a_good_pair_and_reports_unchanged_files() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = pair();
+        let (c, k) = write_pair(dir.path(), &cert, &key);
+        let store = CertStore::load(&c, &k).expect("load");
+        assert!(store.not_after() > 0);
+        assert!(!store.reload().expect("reload"));
+    }
+
+    #[test]
+    fn errors_name_the_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = pair();
+        let (other_cert, _) = pair();
+
+        let (c, k) = write_pair(dir.path(), "not pem at all\n", &key);
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::NoCertificate { .. }), "{err}");
+        assert!(err.to_string().contains("tls.crt"), "{err}");
+
+        let (c, k) = write_pair(dir.path(), &cert, "nothing here\n");
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::NoPrivateKey { .. }), "{err}");
+        assert!(err.to_string().contains("tls.key"), "{err}");
+
+        let (c, k) = write_pair(
+            dir.path(),
+            &cert,
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        );
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::EncryptedKey { .. }), "{err}");
+
+        let (c, k) = write_pair(dir.path(), &other_cert, &key);
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err}");
+        assert!(err.to_string().contains("does not match"), "{err}");
+
+        let truncated = &cert[..cert.len() - 30];
+        let (c, k) = write_pair(dir.path(), truncated, &key);
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::Pem { .. }), "{err}");
+        assert!(err.to_string().contains("tls.crt"), "{err}");
+
+        let err = load_pair(&dir.path().join("missing.crt"), &k).unwrap_err();
+        assert!(matches!(err, TlsError::Read { .. }), "{err}");
+        assert!(err.to_string().contains("missing.crt"), "{err}");
+    }
+
+    #[test]
+    fn a_certificate_that_is_not_x509_is_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, key) = pair();
+        let junk = "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n";
+        let (c, k) = write_pair(dir.path(), junk, &key);
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::BadCertificate { .. }), "{err}");
+    }
+
+    #[test]
+    fn an_unsupported_key_is_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, _) = pair();
+        let junk_key = "-----BEGIN PRIVATE KEY-----\naGVsbG8gd29ybGQ=\n-----END PRIVATE KEY-----\n";
+        let (c, k) = write_pair(dir.path(), &cert, junk_key);
+        let err = load_pair(&c, &k).unwrap_err();
+        assert!(matches!(err, TlsError::UnsupportedKey { .. }), "{err}");
+    }
+
+    #[test]
+    fn fingerprint_separates_the_files() {
+        assert_ne!(fingerprint(b"ab", b"c"), fingerprint(b"a", b"bc"));
+    }
+}
