@@ -259,25 +259,15 @@ impl Webhook {
             stamp: info.stamp.as_deref(),
             marker: info.marker,
         };
-        let old_info = match (operation, request.old_object.as_ref()) {
-            ("UPDATE", Some(old)) => match workload::analyze(kind, old) {
-                Ok(Analysis::Workload(old)) => Some(old),
-                _ => None,
-            },
-            _ => None,
-        };
-        let trigger = match &old_info {
-            Some(old) => Trigger::Update {
-                old: Current {
-                    stamp: old.stamp.as_deref(),
-                    marker: old.marker,
-                },
-                template_unchanged: request.old_object.as_ref().is_some_and(|o| {
-                    workload::template_without_stamp(kind, o)
-                        == workload::template_without_stamp(kind, object)
-                }),
-            },
-            None => Trigger::Create,
+        let trigger = match (operation, request.old_object.as_ref()) {
+            ("UPDATE", Some(old)) if old.is_object() => {
+                let (stamp, marker) = workload::stamp_and_marker(kind, old);
+                Trigger::Update {
+                    old: Current { stamp, marker },
+                    template_unchanged: workload::templates_equal_ignoring_stamp(kind, old, object),
+                }
+            }
+            _ => Trigger::Create,
         };
 
         let key = self.keys.current();
