@@ -26,8 +26,45 @@ pub struct Cli {
 pub enum Command {
     /// Stamp the workloads of Kubernetes YAML offline, resolving references within the input.
     Stamp(StampArgs),
-    /// Serve the mutating admission webhook over TLS, with an admin port.
+    /// Serve the mutating admission webhook and the watcher, with an admin port.
     Serve(ServeArgs),
+    /// Write a local CA and a serving certificate for the webhook's Service (for local runs and
+    /// clusters without cert-manager).
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, ca.key, tls.crt and tls.key to (existing files are refused).
+    #[arg(
+        long,
+        env = "CONFIGHASH_DIR",
+        value_name = "DIR",
+        default_value = "certs/local"
+    )]
+    pub dir: PathBuf,
+    /// The webhook's Service name.
+    #[arg(long, env = "CONFIGHASH_SERVICE", default_value = "confighash")]
+    pub service: String,
+    /// The Service's namespace.
+    #[arg(long, env = "CONFIGHASH_NAMESPACE", default_value = "confighash")]
+    pub namespace: String,
+    /// Another DNS name or IP address for the certificate (repeatable), e.g. 127.0.0.1.
+    #[arg(
+        long = "name",
+        env = "CONFIGHASH_NAME",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
+    pub names: Vec<String>,
+}
+
+/// Runs `confighash certs`: the paths written.
+pub fn certs(args: &CertsArgs) -> Result<Vec<PathBuf>, crate::certs::CertsError> {
+    let mut names = crate::certs::service_names(&args.service, &args.namespace);
+    names.extend(args.names.iter().cloned());
+    let generated = crate::certs::generate(&names, 3650, 365)?;
+    crate::certs::write(&args.dir, &generated)
 }
 
 #[derive(Debug, Args)]
@@ -64,6 +101,28 @@ pub struct ServeArgs {
     /// One deadline for all lookups of a review, well below the webhook's timeoutSeconds.
     #[arg(long, env = "CONFIGHASH_LOOKUP_DEADLINE", value_name = "DUR", default_value = "2s", value_parser = parse_duration)]
     pub lookup_deadline: Duration,
+    /// The change window: the first content change of a referenced object opens it, and when it
+    /// closes every change seen in it is handled; also the minimum interval between two touches
+    /// of one workload.
+    #[arg(long, env = "CONFIGHASH_DEBOUNCE", value_name = "DUR", default_value = "5s", value_parser = parse_duration)]
+    pub debounce: Duration,
+    /// How often every workload's stamp is compared with its expected stamp.
+    #[arg(long, env = "CONFIGHASH_RESYNC", value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
+    pub resync: Duration,
+    /// Cluster-wide bound on workload touches (burst 20).
+    #[arg(long, env = "CONFIGHASH_MAX_TOUCHES_PER_SECOND", value_name = "N", default_value = "5", value_parser = parse_rate)]
+    pub max_touches_per_second: f64,
+    /// Roll workloads when a required ConfigMap or Secret is deleted (by default the stamp is
+    /// kept: new pods could not start anyway).
+    #[arg(long, env = "CONFIGHASH_ROLL_ON_DELETE")]
+    pub roll_on_delete: bool,
+    /// Stamp workloads that predate confighash at reconcile (each rolls once).
+    #[arg(long, env = "CONFIGHASH_STAMP_EXISTING")]
+    pub stamp_existing: bool,
+    /// Elect one leader among replicas to touch workloads (default: true in a cluster, false
+    /// outside).
+    #[arg(long, env = "CONFIGHASH_LEADER_ELECT", value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub leader_elect: Option<bool>,
     /// Log format.
     #[arg(
         long,
@@ -86,6 +145,13 @@ pub struct ServeArgs {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(n) if n.is_finite() && n > 0.0 => Ok(n),
+        _ => Err(format!("{s:?} is not a positive number")),
+    }
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {

@@ -9,6 +9,18 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Stamp(args) => stamp(&args),
         Command::Serve(args) => serve(args),
+        Command::Certs(args) => match cli::certs(&args) {
+            Ok(paths) => {
+                for p in paths {
+                    println!("wrote {}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

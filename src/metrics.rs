@@ -15,6 +15,16 @@ struct RequestLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LookupLabels {
     kind: &'static str,
     outcome: &'static str,
@@ -29,6 +39,15 @@ pub struct Metrics {
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     cert_expiry: Gauge,
+    watched: Family<KindLabels, Gauge>,
+    synced: Gauge,
+    leader: Gauge,
+    changes: Family<KindLabels, Counter>,
+    touches: Family<OutcomeLabels, Counter>,
+    touch_retries: Counter,
+    rate_limited: Counter,
+    reconcile_mismatches: Counter,
+    touch_latency: Histogram,
 }
 
 impl Default for Metrics {
@@ -77,8 +96,72 @@ impl Metrics {
             "When the serving certificate in use expires, in Unix seconds",
             cert_expiry.clone(),
         );
+        let watched = Family::<KindLabels, Gauge>::default();
+        registry.register(
+            "watched_objects",
+            "Objects the watcher keeps, by kind (ConfigMaps and Secrets as digests only)",
+            watched.clone(),
+        );
+        let synced = Gauge::default();
+        registry.register(
+            "watcher_cache_synced",
+            "1 once every watch has listed its objects",
+            synced.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica is the leader (only the leader touches workloads)",
+            leader.clone(),
+        );
+        let changes = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "config_changes",
+            "Content changes of referenced ConfigMaps and Secrets seen on the watch",
+            changes.clone(),
+        );
+        let touches = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "touches",
+            "Workload touches by outcome (touched, kept-by-webhook, error, gone)",
+            touches.clone(),
+        );
+        let touch_retries = Counter::default();
+        registry.register(
+            "touch_retries",
+            "Touches scheduled again after the webhook kept the old stamp or the API failed",
+            touch_retries.clone(),
+        );
+        let rate_limited = Counter::default();
+        registry.register(
+            "touches_rate_limited",
+            "Touches delayed by the global token bucket",
+            rate_limited.clone(),
+        );
+        let reconcile_mismatches = Counter::default();
+        registry.register(
+            "reconcile_mismatches",
+            "Workloads reconcile found with a stale stamp or an unstamped marker",
+            reconcile_mismatches.clone(),
+        );
+        // 1 ms to about 65 s: the change window is part of it.
+        let touch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        registry.register(
+            "change_to_touch_seconds",
+            "From a change seen on the watch to its touch sent",
+            touch_latency.clone(),
+        );
         Metrics {
             registry,
+            watched,
+            synced,
+            leader,
+            changes,
+            touches,
+            touch_retries,
+            rate_limited,
+            reconcile_mismatches,
+            touch_latency,
             requests,
             latency,
             lookups,
@@ -136,6 +219,49 @@ impl Metrics {
 
     pub fn set_cert_expiry(&self, unix_seconds: i64) {
         self.cert_expiry.set(unix_seconds);
+    }
+
+    pub fn set_watched(&self, kind: &'static str, count: usize) {
+        self.watched
+            .get_or_create(&KindLabels { kind })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_synced(&self, synced: bool) {
+        self.synced.set(i64::from(synced));
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    pub fn change_seen(&self, kind: &'static str) {
+        self.changes.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn touch(&self, outcome: &'static str) {
+        self.touches.get_or_create(&OutcomeLabels { outcome }).inc();
+    }
+
+    /// How many touches ended with this outcome.
+    pub fn touches(&self, outcome: &'static str) -> u64 {
+        self.touches.get_or_create(&OutcomeLabels { outcome }).get()
+    }
+
+    pub fn touch_retry(&self) {
+        self.touch_retries.inc();
+    }
+
+    pub fn touch_rate_limited(&self) {
+        self.rate_limited.inc();
+    }
+
+    pub fn reconcile_mismatches(&self, count: u64) {
+        self.reconcile_mismatches.inc_by(count);
+    }
+
+    pub fn observe_touch_latency(&self, seconds: f64) {
+        self.touch_latency.observe(seconds);
     }
 
     /// The OpenMetrics text of every metric.

@@ -211,6 +211,8 @@ pub enum RunError {
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("leader election: {0}")]
+    Leader(String),
     #[error("cannot listen for signals: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -246,13 +248,45 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
     tracing::info!(key_id = keys.current().id(), "checksum key loaded");
     let certs = CertStore::load(&args.tls_cert, &args.tls_key)?;
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    let rules = crate::rules::Options {
+        roll_on_delete: args.roll_on_delete,
+        stamp_existing: args.stamp_existing,
+    };
     let webhook = Arc::new(Webhook {
-        source: Arc::new(crate::lookup::KubeSource::new(client)),
-        keys,
-        metrics,
+        source: Arc::new(crate::lookup::KubeSource::new(client.clone())),
+        keys: keys.clone(),
+        metrics: metrics.clone(),
         lookup_deadline: args.lookup_deadline,
-        options: crate::rules::Options::default(),
+        options: rules,
     });
+    let identity = crate::leader::LeaderConfig::default_identity();
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let leader_config = crate::leader::LeaderConfig::new(namespace.clone(), identity.clone());
+    leader_config
+        .validate()
+        .map_err(|e| RunError::Leader(e.to_string()))?;
+    let leadership = if args.leader_elect.unwrap_or(in_cluster) {
+        let (leadership, task) = crate::leader::spawn(client.clone(), leader_config.clone());
+        background.push(task);
+        leadership
+    } else {
+        crate::leader::Leadership::always()
+    };
+    let watcher_config = crate::watcher::WatcherConfig {
+        debounce: args.debounce,
+        resync: args.resync,
+        max_touches_per_second: args.max_touches_per_second,
+        rules,
+        identity: identity.clone(),
+        ..Default::default()
+    };
+    background.push(tokio::spawn(crate::watcher::run(
+        client.clone(),
+        keys,
+        leadership.clone(),
+        metrics,
+        watcher_config,
+    )));
     let running = start(ServeConfig {
         listen: args.listen,
         admin_listen: args.admin_listen,
@@ -272,10 +306,16 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
     }
-    running.shutdown().await;
     for task in background {
         task.abort();
     }
+    if leadership.is_leader() && args.leader_elect.unwrap_or(in_cluster) {
+        // Hand over at once instead of letting the lease run out.
+        if let Err(e) = crate::leader::release(client, &leader_config).await {
+            tracing::warn!(error = %e, "could not release the leader lease; it will expire");
+        }
+    }
+    running.shutdown().await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -63,7 +63,7 @@ pub enum TlsError {
         cert_path: PathBuf,
         key_path: PathBuf,
     },
-    #[error("cannot parse the certificate in {} to read its expiry: {reason}", path.display())]
+    #[error("cannot parse the certificate in {}: {reason}", path.display())]
     BadCertificate { path: PathBuf, reason: String },
 }
 
@@ -95,9 +95,9 @@ pub fn load_pair(cert_path: &Path, key_path: &Path) -> Result<LoadedPair, TlsErr
 }
 
 /// Read both files. kubelet may swap `..data` between the two reads, so the certificate is read
-/// again after the key: if it is unchanged, the key was read from the same generation (a second
-/// swap within microseconds aside). A few attempts, then the last read is returned as it is and
-/// the key check decides.
+/// again after the key: if it is unchanged, the key belongs with it (a generation with the same
+/// certificate has the same key, or is no pair at all). A few attempts, then the last read is
+/// returned as it is and the key check decides.
 fn read_consistent(cert_path: &Path, key_path: &Path) -> Result<(Vec<u8>, Vec<u8>), TlsError> {
     const ATTEMPTS: usize = 3;
     let mut cert_pem = read(cert_path)?;
@@ -211,7 +211,7 @@ fn parse_pair(
             });
         }
         // The ring signers all expose their public key, so this is not expected; without it
-        // there is nothing to compare, and the handshake itself would fail on a wrong key.
+        // there is nothing to compare here, and clients would refuse a wrong key's signature.
         Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
         Err(e) => {
             return Err(TlsError::BadCertificate {
@@ -235,8 +235,15 @@ pub struct CertStore {
     key_path: PathBuf,
     current: ArcSwap<CertifiedKey>,
     not_after: AtomicI64,
-    /// Fingerprint of the files behind `current`; the lock also serialises reloads.
-    loaded: Mutex<[u8; 32]>,
+    /// What the files held at the last reload; the lock also serialises reloads.
+    seen: Mutex<Seen>,
+}
+
+struct Seen {
+    /// Fingerprint of the files behind `current`.
+    loaded: [u8; 32],
+    /// Fingerprint of the last files that did not make a good pair, until a good pair replaces it.
+    refused: Option<[u8; 32]>,
 }
 
 impl fmt::Debug for CertStore {
@@ -263,7 +270,10 @@ impl CertStore {
             key_path,
             current: ArcSwap::new(pair.key),
             not_after: AtomicI64::new(pair.not_after),
-            loaded: Mutex::new(pair.fingerprint),
+            seen: Mutex::new(Seen {
+                loaded: pair.fingerprint,
+                refused: None,
+            }),
         }))
     }
 
@@ -285,25 +295,57 @@ impl CertStore {
         self.current.load_full()
     }
 
-    /// Re-read both files. `Ok(false)`: the same bytes as the pair in service. `Ok(true)`: a new
-    /// good pair is now in service. `Err`: the files are unreadable or do not make a good pair;
-    /// the old pair stays in service (it is reported again on every call until fixed).
+    /// Whether the files now hold a pair that was refused, so the pair in service is older than
+    /// what is on disk. Cleared when the files change back or a good pair loads.
+    pub fn refused(&self) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .refused
+            .is_some()
+    }
+
+    /// Re-read both files.
+    ///
+    /// - `Ok(true)`: a new good pair is now in service.
+    /// - `Ok(false)`: nothing new: the files hold the pair in service, or the same bytes that
+    ///   were already refused (each bad pair is reported once, not on every poll; see
+    ///   [`CertStore::refused`]).
+    /// - `Err`: a file cannot be read (reported every time), or new bytes do not make a good
+    ///   pair. Either way the old pair stays in service; half a pair is never swapped in.
     pub fn reload(&self) -> Result<bool, TlsError> {
-        let mut loaded = self.loaded.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         let (cert_pem, key_pem) = read_consistent(&self.cert_path, &self.key_path)?;
-        if fingerprint(&cert_pem, &key_pem) == *loaded {
+        let found = fingerprint(&cert_pem, &key_pem);
+        if found == seen.loaded {
+            seen.refused = None;
             return Ok(false);
         }
-        let pair = parse_pair(&self.cert_path, &cert_pem, &self.key_path, &key_pem)?;
+        if seen.refused == Some(found) {
+            return Ok(false);
+        }
+        let pair = match parse_pair(&self.cert_path, &cert_pem, &self.key_path, &key_pem) {
+            Ok(pair) => pair,
+            Err(e) => {
+                seen.refused = Some(found);
+                return Err(e);
+            }
+        };
         self.current.store(pair.key);
         self.not_after.store(pair.not_after, Ordering::Release);
-        *loaded = pair.fingerprint;
+        seen.loaded = pair.fingerprint;
+        seen.refused = None;
         Ok(true)
     }
 
     /// The rustls configuration for the webhook port: TLS 1.2 and 1.3 with the ring provider,
     /// ALPN `h2` and `http/1.1`, no client certificates, and the certificate taken from this
     /// store on every handshake.
+    ///
+    /// Session resumption is off: a resumed session skips the certificate, so a client could
+    /// keep using a session authenticated by a pair already replaced (after a key compromise,
+    /// say). A full handshake costs little next to an admission call, and the API server keeps
+    /// its connections open anyway.
     pub fn server_config(self: &Arc<Self>) -> ServerConfig {
         let mut config = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -312,17 +354,21 @@ impl CertStore {
             .with_no_client_auth()
             .with_cert_resolver(Arc::new(StoreResolver(Arc::clone(self))));
         config.alpn_protocols = ALPN_PROTOCOLS.iter().map(|p| p.to_vec()).collect();
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         config
     }
 
     /// Reload every `interval` (the first after one interval, since [`CertStore::load`] has just
     /// read the files) and hand each result to `on_result`, which counts and logs. Runs until
-    /// the task is dropped or the runtime shuts down.
+    /// the task is dropped or the runtime shuts down. An interval under a millisecond is taken
+    /// as one millisecond.
     pub async fn poll(
         self: Arc<Self>,
         interval: Duration,
         on_result: impl Fn(&Result<bool, TlsError>) + Send + 'static,
     ) {
+        let interval = interval.max(Duration::from_millis(1));
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -376,6 +422,43 @@ mod tests {
         let store = CertStore::load(&c, &k).expect("load");
         assert!(store.not_after() > 0);
         assert!(!store.reload().expect("reload"));
+    }
+
+    #[test]
+    fn a_bad_pair_is_reported_once_and_a_good_one_replaces_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (cert, key) = pair();
+        let (c, k) = write_pair(dir.path(), &cert, &key);
+        let store = CertStore::load(&c, &k).expect("load");
+
+        let (other_cert, other_key) = pair();
+        std::fs::write(&c, &other_cert).expect("write");
+        assert!(matches!(store.reload(), Err(TlsError::KeyMismatch { .. })));
+        assert!(store.refused());
+        assert!(!store.reload().expect("the same bad pair again"));
+        assert!(store.refused());
+
+        // Back to the pair in service: nothing refused any more.
+        std::fs::write(&c, &cert).expect("write");
+        assert!(!store.reload().expect("unchanged"));
+        assert!(!store.refused());
+
+        // The same bad pair again is reported again, since it is news again.
+        std::fs::write(&c, &other_cert).expect("write");
+        assert!(store.reload().is_err());
+
+        // A missing file is reported on every call.
+        std::fs::remove_file(&k).expect("remove");
+        assert!(matches!(store.reload(), Err(TlsError::Read { .. })));
+        assert!(matches!(store.reload(), Err(TlsError::Read { .. })));
+
+        std::fs::write(&k, &other_key).expect("write");
+        assert!(store.reload().expect("a good pair"));
+        assert!(!store.refused());
+        assert_eq!(store.current().cert[0].as_ref(), {
+            let der = CertificateDer::from_pem_slice(other_cert.as_bytes()).expect("der");
+            der.as_ref().to_vec()
+        });
     }
 
     #[test]

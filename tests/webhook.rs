@@ -904,9 +904,10 @@ async fn readiness_and_metrics_on_the_admin_port() {
     ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
-    // A request in flight when shutdown starts still gets its answer.
-    h.api.set_delay(Duration::from_millis(300));
-    let lookups_before = h.api.requests().len();
+    // A request in flight when shutdown starts still gets its answer. Its lookups take 1.5 s
+    // (under the 2 s deadline), so the drain outlasts the readiness check below by far.
+    h.api.set_delay(Duration::from_millis(1500));
+    let lookups_before = h.api.received();
     let in_flight = {
         let https = h.https.clone();
         let url = h.url.clone();
@@ -916,7 +917,7 @@ async fn readiness_and_metrics_on_the_admin_port() {
         tokio::spawn(async move { https.post(&url, body).await })
     };
     let start = tokio::time::Instant::now();
-    while h.api.requests().len() == lookups_before {
+    while h.api.received() == lookups_before {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the review never reached its lookups"

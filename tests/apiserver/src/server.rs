@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     tokens: Mutex<HashMap<String, UserInfo>>,
     webhook_calls: Mutex<Vec<WebhookCall>>,
     requests: Mutex<Vec<(String, String)>>,
+    /// Requests that have arrived, counted before any injected delay.
+    received: std::sync::atomic::AtomicU64,
     bookmark_interval: Duration,
 }
 
@@ -102,6 +104,7 @@ impl ApiServer {
             tokens: Mutex::new(HashMap::new()),
             webhook_calls: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
+            received: std::sync::atomic::AtomicU64::new(0),
             bookmark_interval: options.bookmark_interval,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -204,6 +207,12 @@ impl ApiServer {
     /// Every webhook call of the admission chain so far.
     pub fn webhook_calls(&self) -> Vec<WebhookCall> {
         lock(&self.shared.webhook_calls).clone()
+    }
+
+    /// How many requests have arrived so far, counted before any injected delay (so a test can
+    /// tell that a request is in flight).
+    pub fn received(&self) -> u64 {
+        self.shared.received.load(Ordering::SeqCst)
     }
 
     /// (verb, resource plural or path) of every request so far.
@@ -382,6 +391,7 @@ fn parse_path(served: &[&'static ResourceInfo], path: &str) -> Result<Target, Ap
 }
 
 async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    shared.received.fetch_add(1, Ordering::SeqCst);
     let delay = *lock(&shared.delay);
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;

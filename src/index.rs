@@ -1,0 +1,312 @@
+//! The watcher's memory: per-key digests of ConfigMaps and Secrets, the workloads and what they
+//! reference, and the reverse index from a referenced object to its dependents.
+//!
+//! Plain data, tested without a client. Per object only the recipe's inputs are kept (tag and
+//! SHA-256 per key, the ignore flag, the resourceVersion), never the content, so memory does not
+//! grow with the size of Secrets and ConfigMaps.
+
+use std::collections::{BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use serde_json::Value;
+
+use crate::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey};
+use crate::refs::{ObjectRef, References};
+use crate::rules::Lookup;
+use crate::workload::{self, Analysis, WorkloadKind};
+
+/// A referenced object's identity: its namespace and (kind, name).
+pub type ConfigKey = (String, ObjectRef);
+
+/// What the watcher keeps of one ConfigMap or Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredConfig {
+    pub resource_version: String,
+    pub ignored: bool,
+    pub digest: ObjectDigest,
+}
+
+impl StoredConfig {
+    pub fn from_config_map(cm: &ConfigMap) -> Result<Self, RecipeError> {
+        Ok(StoredConfig {
+            resource_version: cm.metadata.resource_version.clone().unwrap_or_default(),
+            ignored: checksum::is_ignored(cm.metadata.annotations.as_ref()),
+            digest: ObjectDigest::from_view(&ObjectView::config_map(cm)?),
+        })
+    }
+
+    pub fn from_secret(secret: &Secret) -> Self {
+        StoredConfig {
+            resource_version: secret.metadata.resource_version.clone().unwrap_or_default(),
+            ignored: checksum::is_ignored(secret.metadata.annotations.as_ref()),
+            digest: ObjectDigest::from_view(&ObjectView::secret(secret)),
+        }
+    }
+
+    /// Whether the recipe sees a difference between the two.
+    fn same_inputs(&self, other: &StoredConfig) -> bool {
+        self.ignored == other.ignored && self.digest == other.digest
+    }
+}
+
+/// The digests of every watched ConfigMap and Secret.
+#[derive(Debug, Default)]
+pub struct ConfigStore {
+    objects: HashMap<ConfigKey, StoredConfig>,
+}
+
+impl ConfigStore {
+    /// Records an object's state. True when the recipe's inputs changed: a new object, new
+    /// content, or the ignore annotation added or removed (metadata-only writes are false).
+    pub fn upsert(&mut self, key: ConfigKey, config: StoredConfig) -> bool {
+        match self.objects.get_mut(&key) {
+            Some(old) if old.same_inputs(&config) => {
+                old.resource_version = config.resource_version;
+                false
+            }
+            Some(old) => {
+                *old = config;
+                true
+            }
+            None => {
+                self.objects.insert(key, config);
+                true
+            }
+        }
+    }
+
+    /// Forgets an object. True when it was known.
+    pub fn remove(&mut self, key: &ConfigKey) -> bool {
+        self.objects.remove(key).is_some()
+    }
+
+    pub fn get(&self, key: &ConfigKey) -> Option<&StoredConfig> {
+        self.objects.get(key)
+    }
+
+    /// What the recipe sees of an object.
+    pub fn state(&self, namespace: &str, object: &ObjectRef) -> RefState<'_> {
+        // Lookups by a borrowed pair would need a second map; one clone of a short name is cheap.
+        match self.objects.get(&(namespace.to_owned(), object.clone())) {
+            None => RefState::Absent,
+            Some(c) if c.ignored => RefState::Ignored,
+            Some(c) => RefState::Present(&c.digest),
+        }
+    }
+
+    /// Every object's key, for re-list comparisons.
+    pub fn keys(&self) -> impl Iterator<Item = &ConfigKey> {
+        self.objects.keys()
+    }
+
+    /// Drops every object of a namespace (opted out, or deleted).
+    pub fn remove_namespace(&mut self, namespace: &str) {
+        self.objects.retain(|(ns, _), _| ns != namespace);
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// The rules' view of a workload's references: its expected stamp and whether a required
+    /// reference is absent.
+    pub fn lookup(&self, key: &StampKey, namespace: &str, refs: &References) -> Lookup {
+        let expected = checksum::compute_stamp(Some(key), refs, |r| self.state(namespace, r));
+        let required_absent = refs.iter().any(|(r, spec)| {
+            !spec.optional && matches!(self.state(namespace, r), RefState::Absent)
+        });
+        Lookup::Resolved {
+            expected,
+            required_absent,
+        }
+    }
+}
+
+/// A workload's identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkloadKey {
+    pub kind: WorkloadKindKey,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// [`WorkloadKind`] with an order, for sorted sets of workloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkloadKindKey(u8);
+
+impl From<WorkloadKind> for WorkloadKindKey {
+    fn from(kind: WorkloadKind) -> Self {
+        let i = WorkloadKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(0);
+        WorkloadKindKey(i as u8)
+    }
+}
+
+impl WorkloadKindKey {
+    pub fn kind(self) -> WorkloadKind {
+        WorkloadKind::ALL[usize::from(self.0).min(WorkloadKind::ALL.len() - 1)]
+    }
+}
+
+impl WorkloadKey {
+    pub fn new(kind: WorkloadKind, namespace: &str, name: &str) -> Self {
+        WorkloadKey {
+            kind: kind.into(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for WorkloadKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind.kind(), self.namespace, self.name)
+    }
+}
+
+/// What the watcher keeps of one workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadEntry {
+    pub refs: References,
+    pub stamp: Option<String>,
+    pub marker: bool,
+    pub opted_out: bool,
+    /// False for `OnDelete` update strategies and paused Deployments and Rollouts: a new
+    /// template does not replace their pods by itself.
+    pub rolls_by_itself: bool,
+    pub resource_version: String,
+    pub uid: String,
+}
+
+impl WorkloadEntry {
+    /// Reads a workload object; `None` for what confighash does not stamp (a Rollout with
+    /// `workloadRef`).
+    pub fn from_object(
+        kind: WorkloadKind,
+        obj: &Value,
+    ) -> Result<Option<Self>, workload::WorkloadError> {
+        let info = match workload::analyze(kind, obj)? {
+            Analysis::Workload(info) => info,
+            Analysis::Unsupported | Analysis::WorkloadRef => return Ok(None),
+        };
+        let paused = obj.pointer("/spec/paused").and_then(Value::as_bool) == Some(true);
+        let on_delete = obj
+            .pointer("/spec/updateStrategy/type")
+            .and_then(Value::as_str)
+            == Some("OnDelete");
+        let text = |p: &str| {
+            obj.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        Ok(Some(WorkloadEntry {
+            refs: info.refs,
+            stamp: info.stamp,
+            marker: info.marker,
+            opted_out: info.opted_out,
+            rolls_by_itself: !paused && !on_delete,
+            resource_version: text("/metadata/resourceVersion"),
+            uid: text("/metadata/uid"),
+        }))
+    }
+}
+
+/// Every watched workload and the reverse index reference -> workloads.
+#[derive(Debug, Default)]
+pub struct WorkloadIndex {
+    workloads: HashMap<WorkloadKey, WorkloadEntry>,
+    reverse: HashMap<ConfigKey, BTreeSet<WorkloadKey>>,
+}
+
+impl WorkloadIndex {
+    /// Records a workload, replacing what was known of it.
+    pub fn upsert(&mut self, key: WorkloadKey, entry: WorkloadEntry) {
+        self.unlink(&key);
+        for (r, _) in entry.refs.iter() {
+            self.reverse
+                .entry((key.namespace.clone(), r.clone()))
+                .or_default()
+                .insert(key.clone());
+        }
+        self.workloads.insert(key, entry);
+    }
+
+    /// Forgets a workload. True when it was known.
+    pub fn remove(&mut self, key: &WorkloadKey) -> bool {
+        self.unlink(key);
+        self.workloads.remove(key).is_some()
+    }
+
+    fn unlink(&mut self, key: &WorkloadKey) {
+        let Some(old) = self.workloads.get(key) else {
+            return;
+        };
+        for (r, _) in old.refs.iter() {
+            let config = (key.namespace.clone(), r.clone());
+            if let Some(set) = self.reverse.get_mut(&config) {
+                set.remove(key);
+                if set.is_empty() {
+                    self.reverse.remove(&config);
+                }
+            }
+        }
+    }
+
+    pub fn get(&self, key: &WorkloadKey) -> Option<&WorkloadEntry> {
+        self.workloads.get(key)
+    }
+
+    pub fn get_mut(&mut self, key: &WorkloadKey) -> Option<&mut WorkloadEntry> {
+        self.workloads.get_mut(key)
+    }
+
+    /// The workloads that reference an object.
+    pub fn dependents(&self, config: &ConfigKey) -> impl Iterator<Item = &WorkloadKey> {
+        self.reverse.get(config).into_iter().flatten()
+    }
+
+    /// Whether any workload references the object (only those are worth keeping digests for).
+    pub fn is_referenced(&self, config: &ConfigKey) -> bool {
+        self.reverse.contains_key(config)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&WorkloadKey, &WorkloadEntry)> {
+        self.workloads.iter()
+    }
+
+    pub fn keys_of(&self, kind: WorkloadKind) -> Vec<WorkloadKey> {
+        let kind = WorkloadKindKey::from(kind);
+        self.workloads
+            .keys()
+            .filter(|k| k.kind == kind)
+            .cloned()
+            .collect()
+    }
+
+    pub fn remove_namespace(&mut self, namespace: &str) {
+        let keys: Vec<WorkloadKey> = self
+            .workloads
+            .keys()
+            .filter(|k| k.namespace == namespace)
+            .cloned()
+            .collect();
+        for k in keys {
+            self.remove(&k);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.workloads.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.workloads.is_empty()
+    }
+}

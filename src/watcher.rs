@@ -1,0 +1,905 @@
+//! The watcher: when the content of a ConfigMap or Secret changes, re-touch every workload that
+//! references it, so the API server sends it through the webhook again.
+//!
+//! Watch tasks turn API events into [`Input`]s for one task that owns all state (the digest store,
+//! the workload index, the change window, the pacer); touches run as their own tasks and report
+//! back. Only the leader touches; every replica watches, so a new leader starts with warm caches.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::index::{
+    ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
+};
+use crate::key::KeyStore;
+use crate::leader::Leadership;
+use crate::metrics::Metrics;
+use crate::pace::{ChangeWindow, Pacer, Wait};
+use crate::refs::{ObjectKind, ObjectRef};
+use crate::rules::{self, Current, Trigger};
+use crate::workload::{CHECKSUM_ANNOTATION, ENABLED_LABEL, WorkloadKind};
+
+/// Field manager of every write confighash makes.
+pub const FIELD_MANAGER: &str = "confighash";
+/// Secrets that are never configuration: Helm release records and service-account tokens.
+pub const SECRET_FIELD_SELECTOR: &str =
+    "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+/// Global token bucket burst.
+pub const TOUCH_BURST: u32 = 20;
+
+/// How the watcher behaves.
+#[derive(Debug, Clone)]
+pub struct WatcherConfig {
+    /// The change window (`--debounce`), also the minimum interval between touches of a workload.
+    pub debounce: Duration,
+    /// Reconcile period (`--resync`).
+    pub resync: Duration,
+    /// Global touch rate (`--max-touches-per-second`).
+    pub max_touches_per_second: f64,
+    pub rules: rules::Options,
+    /// List page size: small, so a page of large Secrets stays a few MiB.
+    pub page_size: u32,
+    /// How often kinds the cluster does not serve (no Argo Rollouts CRD) are looked for again.
+    pub kind_recheck: Duration,
+    /// First retry delay of a touch the webhook did not confirm; doubles up to `resync`.
+    pub retry_base: Duration,
+    /// Name of this replica in Events.
+    pub identity: String,
+}
+
+impl Default for WatcherConfig {
+    fn default() -> Self {
+        WatcherConfig {
+            debounce: Duration::from_secs(5),
+            resync: Duration::from_secs(600),
+            max_touches_per_second: 5.0,
+            rules: rules::Options::default(),
+            page_size: 50,
+            kind_recheck: Duration::from_secs(60),
+            retry_base: Duration::from_secs(1),
+            identity: "confighash".to_owned(),
+        }
+    }
+}
+
+/// What the watch tasks tell the state task.
+#[derive(Debug)]
+enum Input {
+    Config(ConfigKey, Option<StoredConfig>),
+    /// After a (re-)list: every object of this kind that exists.
+    ConfigRelist(ObjectKind, HashSet<ConfigKey>),
+    Namespace(String, Option<bool>),
+    NamespaceRelist(HashSet<String>),
+    Workload(WorkloadKey, Option<WorkloadEntry>),
+    WorkloadRelist(WorkloadKind, HashSet<WorkloadKey>),
+    Synced(Stream),
+    /// A touch that did not take: try again at this time.
+    Retry(WorkloadKey, Instant),
+}
+
+/// The watch streams whose first list must finish before reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Stream {
+    ConfigMaps,
+    Secrets,
+    Namespaces,
+    Workloads(WorkloadKind),
+}
+
+/// Runs the watcher until the task is dropped.
+pub async fn run(
+    client: kube::Client,
+    keys: Arc<KeyStore>,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    config: WatcherConfig,
+) {
+    let (tx, rx) = mpsc::channel(1024);
+    let mut tasks = vec![
+        tokio::spawn(watch_configs::<ConfigMap>(
+            client.clone(),
+            tx.clone(),
+            config.page_size,
+            None,
+        )),
+        tokio::spawn(watch_configs::<Secret>(
+            client.clone(),
+            tx.clone(),
+            config.page_size,
+            Some(SECRET_FIELD_SELECTOR),
+        )),
+        tokio::spawn(watch_namespaces(client.clone(), tx.clone())),
+        tokio::spawn(watch_workload_kinds(
+            client.clone(),
+            tx.clone(),
+            config.clone(),
+        )),
+    ];
+    let state = State::new(client, keys, leadership, metrics, config, tx);
+    state.run(rx).await;
+    for t in tasks.drain(..) {
+        t.abort();
+    }
+}
+
+/// A ConfigMap or Secret as the store keeps it.
+trait ConfigObject:
+    kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: ObjectKind;
+    fn stored(&self) -> Option<StoredConfig>;
+}
+
+impl ConfigObject for ConfigMap {
+    const KIND: ObjectKind = ObjectKind::ConfigMap;
+    fn stored(&self) -> Option<StoredConfig> {
+        match StoredConfig::from_config_map(self) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "ConfigMap left out of the digest store");
+                None
+            }
+        }
+    }
+}
+
+impl ConfigObject for Secret {
+    const KIND: ObjectKind = ObjectKind::Secret;
+    fn stored(&self) -> Option<StoredConfig> {
+        Some(StoredConfig::from_secret(self))
+    }
+}
+
+fn config_key<K: kube::Resource>(obj: &K, kind: ObjectKind) -> Option<ConfigKey> {
+    let meta = obj.meta();
+    Some((
+        meta.namespace.clone()?,
+        ObjectRef::new(kind, meta.name.clone()?),
+    ))
+}
+
+async fn watch_configs<K: ConfigObject>(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    page_size: u32,
+    fields: Option<&'static str>,
+) {
+    let api: Api<K> = Api::all(client);
+    let mut cfg = watcher::Config::default().page_size(page_size);
+    if let Some(f) = fields {
+        cfg = cfg.fields(f);
+    }
+    let stream = Stream::from_kind(K::KIND);
+    let mut relist: Option<HashSet<ConfigKey>> = None;
+    let mut events = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
+    loop {
+        let event = match events.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(kind = K::KIND.as_str(), error = %e, "watch error; retrying");
+                continue;
+            }
+        };
+        let input = match event {
+            Event::Init => {
+                relist = Some(HashSet::new());
+                continue;
+            }
+            Event::InitApply(obj) => {
+                let Some(key) = config_key(&obj, K::KIND) else {
+                    continue;
+                };
+                if let Some(seen) = relist.as_mut() {
+                    seen.insert(key.clone());
+                }
+                Input::Config(key, obj.stored())
+            }
+            Event::InitDone => {
+                let seen = relist.take().unwrap_or_default();
+                if tx.send(Input::ConfigRelist(K::KIND, seen)).await.is_err() {
+                    return;
+                }
+                Input::Synced(stream)
+            }
+            Event::Apply(obj) => {
+                let Some(key) = config_key(&obj, K::KIND) else {
+                    continue;
+                };
+                Input::Config(key, obj.stored())
+            }
+            Event::Delete(obj) => {
+                let Some(key) = config_key(&obj, K::KIND) else {
+                    continue;
+                };
+                Input::Config(key, None)
+            }
+        };
+        if tx.send(input).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Stream {
+    fn from_kind(kind: ObjectKind) -> Self {
+        match kind {
+            ObjectKind::ConfigMap => Stream::ConfigMaps,
+            ObjectKind::Secret => Stream::Secrets,
+        }
+    }
+}
+
+fn opted_in(ns: &Namespace) -> bool {
+    ns.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ENABLED_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
+    let api: Api<Namespace> = Api::all(client);
+    let mut relist: Option<HashSet<String>> = None;
+    let mut events =
+        std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
+    loop {
+        let event = match events.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "namespace watch error; retrying");
+                continue;
+            }
+        };
+        let input = match event {
+            Event::Init => {
+                relist = Some(HashSet::new());
+                continue;
+            }
+            Event::InitApply(ns) => {
+                let Some(name) = ns.metadata.name.clone() else {
+                    continue;
+                };
+                if let Some(seen) = relist.as_mut() {
+                    seen.insert(name.clone());
+                }
+                Input::Namespace(name, Some(opted_in(&ns)))
+            }
+            Event::InitDone => {
+                let seen = relist.take().unwrap_or_default();
+                if tx.send(Input::NamespaceRelist(seen)).await.is_err() {
+                    return;
+                }
+                Input::Synced(Stream::Namespaces)
+            }
+            Event::Apply(ns) => {
+                let Some(name) = ns.metadata.name.clone() else {
+                    continue;
+                };
+                Input::Namespace(name, Some(opted_in(&ns)))
+            }
+            Event::Delete(ns) => {
+                let Some(name) = ns.metadata.name.clone() else {
+                    continue;
+                };
+                Input::Namespace(name, None)
+            }
+        };
+        if tx.send(input).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn api_resource(kind: WorkloadKind) -> ApiResource {
+    let version = if kind == WorkloadKind::Rollout {
+        "v1alpha1"
+    } else {
+        "v1"
+    };
+    ApiResource::from_gvk(&GroupVersionKind::gvk(kind.group(), version, kind.kind()))
+}
+
+/// Watches every workload kind the cluster serves; kinds it does not serve are looked for again
+/// every `kind_recheck` (and count as synced meanwhile, so reconcile is not held up).
+async fn watch_workload_kinds(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    config: WatcherConfig,
+) {
+    let mut watching: BTreeMap<&'static str, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut reported_absent: HashSet<&'static str> = HashSet::new();
+    loop {
+        for kind in WorkloadKind::ALL {
+            if watching.contains_key(kind.kind()) {
+                continue;
+            }
+            let version = if kind == WorkloadKind::Rollout {
+                "v1alpha1"
+            } else {
+                "v1"
+            };
+            let gvk = GroupVersionKind::gvk(kind.group(), version, kind.kind());
+            match kube::discovery::oneshot::pinned_kind(&client, &gvk).await {
+                Ok(_) => {
+                    tracing::info!(kind = kind.kind(), "watching");
+                    watching.insert(
+                        kind.kind(),
+                        tokio::spawn(watch_workloads(
+                            client.clone(),
+                            tx.clone(),
+                            kind,
+                            config.page_size,
+                        )),
+                    );
+                }
+                Err(e) => {
+                    if reported_absent.insert(kind.kind()) {
+                        tracing::info!(kind = kind.kind(), error = %e, "not served by this cluster; looking again later");
+                        if tx
+                            .send(Input::Synced(Stream::Workloads(kind)))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(config.kind_recheck).await;
+    }
+}
+
+async fn watch_workloads(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    kind: WorkloadKind,
+    page_size: u32,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
+    let mut relist: Option<HashSet<WorkloadKey>> = None;
+    let cfg = watcher::Config::default().page_size(page_size);
+    let mut events = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
+    let read = |obj: &DynamicObject| -> Option<(WorkloadKey, Option<WorkloadEntry>)> {
+        let ns = obj.metadata.namespace.clone()?;
+        let name = obj.metadata.name.clone()?;
+        let key = WorkloadKey::new(kind, &ns, &name);
+        let value = serde_json::to_value(obj).ok()?;
+        match WorkloadEntry::from_object(kind, &value) {
+            Ok(entry) => Some((key, entry)),
+            Err(e) => {
+                tracing::warn!(kind = kind.kind(), namespace = ns, name, error = %e, "workload left out");
+                Some((key, None))
+            }
+        }
+    };
+    loop {
+        let event = match events.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(kind = kind.kind(), error = %e, "watch error; retrying");
+                continue;
+            }
+        };
+        let input = match event {
+            Event::Init => {
+                relist = Some(HashSet::new());
+                continue;
+            }
+            Event::InitApply(obj) => {
+                let Some((key, entry)) = read(&obj) else {
+                    continue;
+                };
+                if let Some(seen) = relist.as_mut() {
+                    seen.insert(key.clone());
+                }
+                Input::Workload(key, entry)
+            }
+            Event::InitDone => {
+                let seen = relist.take().unwrap_or_default();
+                if tx.send(Input::WorkloadRelist(kind, seen)).await.is_err() {
+                    return;
+                }
+                Input::Synced(Stream::Workloads(kind))
+            }
+            Event::Apply(obj) => {
+                let Some((key, entry)) = read(&obj) else {
+                    continue;
+                };
+                Input::Workload(key, entry)
+            }
+            Event::Delete(obj) => {
+                let Some((key, _)) = read(&obj) else { continue };
+                Input::Workload(key, None)
+            }
+        };
+        if tx.send(input).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A touch waiting for its time.
+#[derive(Debug, Default)]
+struct Pending {
+    due: Option<Instant>,
+    /// What changed, for the Event; empty for reconcile.
+    changed: BTreeSet<ConfigKey>,
+    attempt: u32,
+    /// When the first change behind this touch was seen, for the latency metric.
+    seen: Option<Instant>,
+}
+
+struct State {
+    client: kube::Client,
+    keys: Arc<KeyStore>,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    config: WatcherConfig,
+    tx: mpsc::Sender<Input>,
+    configs: ConfigStore,
+    workloads: WorkloadIndex,
+    namespaces: HashSet<String>,
+    window: ChangeWindow<ConfigKey>,
+    window_seen: Option<Instant>,
+    pacer: Pacer<WorkloadKey>,
+    pending: BTreeMap<WorkloadKey, Pending>,
+    synced: HashSet<Stream>,
+    reconciled: bool,
+    next_resync: Option<Instant>,
+    recorder: Recorder,
+}
+
+const STREAMS: usize = 3 + WorkloadKind::ALL.len();
+
+impl State {
+    fn new(
+        client: kube::Client,
+        keys: Arc<KeyStore>,
+        leadership: Leadership,
+        metrics: Arc<Metrics>,
+        config: WatcherConfig,
+        tx: mpsc::Sender<Input>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.to_owned(),
+                instance: Some(config.identity.clone()),
+            },
+        );
+        State {
+            window: ChangeWindow::new(config.debounce),
+            pacer: Pacer::new(config.debounce, config.max_touches_per_second, TOUCH_BURST),
+            client,
+            keys,
+            leadership,
+            metrics,
+            config,
+            tx,
+            configs: ConfigStore::default(),
+            workloads: WorkloadIndex::default(),
+            namespaces: HashSet::new(),
+            window_seen: None,
+            pending: BTreeMap::new(),
+            synced: HashSet::new(),
+            reconciled: false,
+            next_resync: None,
+            recorder,
+        }
+    }
+
+    fn is_synced(&self) -> bool {
+        self.synced.len() == STREAMS
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Input>) {
+        let mut leader = self.leadership.changes();
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                input = rx.recv() => match input {
+                    Some(input) => self.handle(input, Instant::now()),
+                    None => return,
+                },
+                changed = leader.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let is_leader = *leader.borrow_and_update();
+                    self.metrics.set_leader(is_leader);
+                    if is_leader && self.is_synced() {
+                        // A new leader compares everything: changes may have passed while
+                        // another replica led, or none did.
+                        self.reconcile(Instant::now());
+                    }
+                }
+                _ = sleep_until(wake) => {}
+            }
+            self.tick(Instant::now());
+        }
+    }
+
+    /// The earliest time something is due.
+    fn next_wake(&self) -> Option<Instant> {
+        let pending = self.pending.values().filter_map(|p| p.due).min();
+        [self.window.closes_at(), pending, self.next_resync]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    fn handle(&mut self, input: Input, now: Instant) {
+        match input {
+            Input::Config(key, state) => {
+                let changed = match state {
+                    Some(s) => self.configs.upsert(key.clone(), s),
+                    None => self.configs.remove(&key),
+                };
+                self.metrics
+                    .set_watched(key.1.kind.as_str(), self.count_configs(key.1.kind));
+                if changed {
+                    self.content_changed(key, now);
+                }
+            }
+            Input::ConfigRelist(kind, seen) => {
+                let gone: Vec<ConfigKey> = self
+                    .configs
+                    .keys()
+                    .filter(|k| k.1.kind == kind && !seen.contains(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.configs.remove(&key);
+                    self.content_changed(key, now);
+                }
+            }
+            Input::Namespace(name, state) => match state {
+                Some(true) => {
+                    self.namespaces.insert(name);
+                }
+                _ => {
+                    self.namespaces.remove(&name);
+                }
+            },
+            Input::NamespaceRelist(seen) => self.namespaces.retain(|n| seen.contains(n)),
+            Input::Workload(key, entry) => match entry {
+                Some(entry) => self.workloads.upsert(key, entry),
+                None => {
+                    self.workloads.remove(&key);
+                    self.pending.remove(&key);
+                }
+            },
+            Input::WorkloadRelist(kind, seen) => {
+                for key in self.workloads.keys_of(kind) {
+                    if !seen.contains(&key) {
+                        self.workloads.remove(&key);
+                        self.pending.remove(&key);
+                    }
+                }
+                self.metrics
+                    .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
+            }
+            Input::Synced(stream) => {
+                self.synced.insert(stream);
+                self.metrics.set_synced(self.is_synced());
+            }
+            Input::Retry(key, at) => {
+                self.metrics.touch_retry();
+                let p = self.pending.entry(key).or_default();
+                p.due = Some(p.due.map_or(at, |d| d.min(at)));
+            }
+        }
+    }
+
+    fn count_configs(&self, kind: ObjectKind) -> usize {
+        self.configs.keys().filter(|k| k.1.kind == kind).count()
+    }
+
+    /// A referenced object's content changed (or it appeared or went away).
+    fn content_changed(&mut self, key: ConfigKey, now: Instant) {
+        // Before the first sync every object is new; reconcile compares stamps afterwards.
+        if !self.is_synced()
+            || !self.namespaces.contains(&key.0)
+            || !self.workloads.is_referenced(&key)
+        {
+            return;
+        }
+        self.metrics.change_seen(key.1.kind.as_str());
+        self.window_seen.get_or_insert(now);
+        self.window.record(now, key);
+    }
+
+    fn tick(&mut self, now: Instant) {
+        if self.is_synced() && !self.reconciled {
+            self.reconciled = true;
+            self.reconcile(now);
+        }
+        if self.next_resync.is_some_and(|t| now >= t) {
+            self.reconcile(now);
+        }
+        if let Some(changes) = self.window.take_if_closed(now) {
+            let seen = self.window_seen.take();
+            self.window_closed(changes, seen, now);
+        }
+        self.touch_due(now);
+        self.pacer.forget_old(now);
+    }
+
+    /// Decides the stamp a workload should carry now, by the shared rules.
+    fn decide(&self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
+        let entry = self.workloads.get(key)?;
+        if !self.namespaces.contains(&key.namespace) {
+            return None;
+        }
+        let stamp_key = self.keys.current();
+        let lookup = self.configs.lookup(&stamp_key, &key.namespace, &entry.refs);
+        let current = Current {
+            stamp: entry.stamp.as_deref(),
+            marker: entry.marker,
+        };
+        let decision = rules::decide(
+            trigger,
+            current,
+            entry.opted_out,
+            &lookup,
+            stamp_key.id(),
+            self.config.rules,
+        );
+        if decision.changes(current) {
+            decision.stamp
+        } else {
+            None
+        }
+    }
+
+    fn window_closed(&mut self, changes: BTreeSet<ConfigKey>, seen: Option<Instant>, now: Instant) {
+        let mut affected: BTreeMap<WorkloadKey, BTreeSet<ConfigKey>> = BTreeMap::new();
+        for change in &changes {
+            for w in self.workloads.dependents(change) {
+                affected
+                    .entry(w.clone())
+                    .or_default()
+                    .insert(change.clone());
+            }
+        }
+        for (workload, why) in affected {
+            if self.decide(&workload, Trigger::ConfigChange).is_none() {
+                continue;
+            }
+            let p = self.pending.entry(workload).or_default();
+            p.changed.extend(why);
+            p.due.get_or_insert(now);
+            if p.seen.is_none() {
+                p.seen = seen;
+            }
+        }
+    }
+
+    fn reconcile(&mut self, now: Instant) {
+        self.next_resync = Some(now + self.config.resync);
+        if !self.leadership.is_leader() {
+            return;
+        }
+        let keys: Vec<WorkloadKey> = self.workloads.iter().map(|(k, _)| k.clone()).collect();
+        let mut mismatches = 0;
+        for key in keys {
+            if self.decide(&key, Trigger::Reconcile).is_some() {
+                mismatches += 1;
+                self.pending.entry(key).or_default().due.get_or_insert(now);
+            }
+        }
+        self.metrics.reconcile_mismatches(mismatches);
+        if mismatches > 0 {
+            tracing::info!(mismatches, "reconcile found stale stamps");
+        }
+    }
+
+    fn touch_due(&mut self, now: Instant) {
+        if !self.leadership.is_leader() {
+            // The leader does this; a replica that becomes leader reconciles.
+            self.pending.clear();
+            return;
+        }
+        let due: Vec<WorkloadKey> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.due.is_some_and(|d| d <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            // Recomputed now: the webhook or another change may already have set it.
+            let trigger = match self.pending.get(&key) {
+                Some(p) if p.changed.is_empty() => Trigger::Reconcile,
+                _ => Trigger::ConfigChange,
+            };
+            let Some(expected) = self.decide(&key, trigger) else {
+                self.pending.remove(&key);
+                continue;
+            };
+            match self.pacer.allow(now, &key) {
+                Ok(()) => {
+                    let Some(p) = self.pending.remove(&key) else {
+                        continue;
+                    };
+                    if let Some(seen) = p.seen {
+                        self.metrics.observe_touch_latency(
+                            now.saturating_duration_since(seen).as_secs_f64(),
+                        );
+                    }
+                    self.spawn_touch(key, expected, p);
+                }
+                Err(wait) => {
+                    if let Wait::RateLimited(_) = wait {
+                        self.metrics.touch_rate_limited();
+                    }
+                    if let Some(p) = self.pending.get_mut(&key) {
+                        p.due = Some(wait.until());
+                    }
+                }
+            }
+        }
+    }
+
+    fn spawn_touch(&self, key: WorkloadKey, expected: String, pending: Pending) {
+        let Some(entry) = self.workloads.get(&key) else {
+            return;
+        };
+        let client = self.client.clone();
+        let metrics = self.metrics.clone();
+        let tx = self.tx.clone();
+        let recorder = self.recorder.clone();
+        let old = entry.stamp.clone();
+        let uid = entry.uid.clone();
+        let rolls = entry.rolls_by_itself;
+        let retry_base = self.config.retry_base;
+        let max_retry = self.config.resync;
+        tokio::spawn(async move {
+            let outcome = touch(&client, &key, &expected).await;
+            let retry = |attempt: u32| {
+                let backoff = retry_base
+                    .saturating_mul(1 << attempt.min(16))
+                    .min(max_retry);
+                Instant::now() + backoff
+            };
+            match outcome {
+                Ok(stamp)
+                    if stamp.as_deref() != old.as_deref()
+                        || stamp.as_deref() == Some(&expected) =>
+                {
+                    metrics.touch("touched");
+                    tracing::info!(workload = %key, stamp = stamp.as_deref().unwrap_or(""), "touched");
+                    record_event(&recorder, &key, &uid, &pending.changed, rolls).await;
+                }
+                Ok(_) => {
+                    // The webhook kept the old stamp: its lookup failed. Try again later.
+                    metrics.touch("kept-by-webhook");
+                    tracing::warn!(workload = %key, "the webhook kept the old stamp; retrying");
+                    let _ = tx.send(Input::Retry(key, retry(pending.attempt))).await;
+                }
+                Err(TouchError::Gone) => metrics.touch("gone"),
+                Err(TouchError::Api(e)) => {
+                    metrics.touch("error");
+                    tracing::warn!(workload = %key, error = %e, "touch failed; retrying");
+                    let _ = tx.send(Input::Retry(key, retry(pending.attempt))).await;
+                }
+            }
+        });
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[derive(Debug)]
+enum TouchError {
+    Gone,
+    Api(kube::Error),
+}
+
+/// The merge patch that sets the pod template's stamp to `expected`; the API server sends it
+/// through the webhook, which re-reads and confirms or corrects it. Returns the stamp the stored
+/// workload carries afterwards.
+async fn touch(
+    client: &kube::Client,
+    key: &WorkloadKey,
+    expected: &str,
+) -> Result<Option<String>, TouchError> {
+    let kind = key.kind.kind();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
+    let mut patch = json!({});
+    let mut here = &mut patch;
+    for token in kind.template_path() {
+        here = &mut here[*token];
+    }
+    *here = json!({"metadata": {"annotations": {CHECKSUM_ANNOTATION: expected}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match api.patch(&key.name, &params, &Patch::Merge(&patch)).await {
+        Ok(obj) => {
+            let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
+            let (stamp, _) = crate::workload::stamp_and_marker(kind, &value);
+            Ok(stamp.map(str::to_owned))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(TouchError::Gone),
+        Err(e) => Err(TouchError::Api(e)),
+    }
+}
+
+async fn record_event(
+    recorder: &Recorder,
+    key: &WorkloadKey,
+    uid: &str,
+    changed: &BTreeSet<ConfigKey>,
+    rolls_by_itself: bool,
+) {
+    let kind = key.kind.kind();
+    let what = if changed.is_empty() {
+        "its stamp was stale".to_owned()
+    } else {
+        changed
+            .iter()
+            .map(|(_, r)| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+            + " changed"
+    };
+    let (type_, note) = if rolls_by_itself {
+        (
+            EventType::Normal,
+            format!("{what}; the pod template was re-stamped and its pods roll"),
+        )
+    } else {
+        (
+            EventType::Warning,
+            format!(
+                "{what}; the pod template was re-stamped, but pods will not roll by themselves \
+                 (OnDelete update strategy or paused): delete or resume them to apply the new config"
+            ),
+        )
+    };
+    let reference = ObjectReference {
+        api_version: Some(api_resource(kind).api_version),
+        kind: Some(kind.kind().to_owned()),
+        name: Some(key.name.clone()),
+        namespace: Some(key.namespace.clone()),
+        uid: (!uid.is_empty()).then(|| uid.to_owned()),
+        ..Default::default()
+    };
+    let event = KubeEvent {
+        type_,
+        reason: "ConfigChanged".to_owned(),
+        note: Some(note),
+        action: "Restamp".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&event, &reference).await {
+        tracing::warn!(workload = %key, error = %e, "cannot record the Event");
+    }
+}
