@@ -1,0 +1,583 @@
+//! End-to-end support: the in-memory API server with confighash's webhook registered in its
+//! admission chain and the watcher running, or a real cluster when `CONFIGHASH_E2E_KUBECONFIG`
+//! is set (with confighash installed there).
+//!
+//! Scenarios take an [`Env`] and use only its `kube::Client` and rollout counts, so they run the
+//! same against both.
+
+#![allow(dead_code)] // Each test file uses its own part of this module.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apiserver::{ApiServer, TestCerts};
+use base64::Engine;
+use confighash::admin::Health;
+use confighash::admission::Webhook;
+use confighash::checksum::StampKey;
+use confighash::key::KeyStore;
+use confighash::leader::Leadership;
+use confighash::lookup::KubeSource;
+use confighash::metrics::Metrics;
+use confighash::serve::{self, Running, ServeConfig};
+use confighash::tls::CertStore;
+use confighash::watcher::{self, WatcherConfig};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+pub const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+pub const STAMP: &str = "confighash.dev/checksum";
+/// The change window the scenarios run with (the default is 5 s; ratios are what matter).
+pub const WINDOW: Duration = Duration::from_millis(400);
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// Where scenarios run.
+pub struct Env {
+    pub client: kube::Client,
+    /// The in-memory API server (None against a real cluster).
+    pub api: Option<ApiServer>,
+    pub metrics: Arc<Metrics>,
+    pub keys: Arc<KeyStore>,
+    webhook: Option<Running>,
+    watcher: Option<tokio::task::JoinHandle<()>>,
+    certs: Option<TestCerts>,
+    webhook_url: String,
+    pub config: WatcherConfig,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// Options for the stand-in environment.
+#[derive(Clone)]
+pub struct Setup {
+    pub rollouts_served: bool,
+    pub watcher: WatcherConfig,
+    pub start_watcher: bool,
+    pub lookup_deadline: Duration,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            rollouts_served: true,
+            watcher: WatcherConfig {
+                debounce: WINDOW,
+                resync: Duration::from_secs(3600),
+                retry_base: Duration::from_millis(100),
+                kind_recheck: Duration::from_millis(500),
+                ..Default::default()
+            },
+            start_watcher: true,
+            lookup_deadline: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Env {
+    /// The environment for this run: a real cluster when `CONFIGHASH_E2E_KUBECONFIG` is set,
+    /// else the in-memory API server with confighash running in-process.
+    pub async fn start() -> Env {
+        Self::start_with(Setup::default()).await
+    }
+
+    pub async fn start_with(setup: Setup) -> Env {
+        if let Some(path) = std::env::var_os("CONFIGHASH_E2E_KUBECONFIG") {
+            return Self::real_cluster(path).await;
+        }
+        let api = ApiServer::start_with(apiserver::Options {
+            rollouts_served: setup.rollouts_served,
+            ..Default::default()
+        })
+        .await;
+        let client = api.client();
+        let certs = TestCerts::generate();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
+        std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let keys = Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap()));
+        let mut env = Env {
+            client,
+            api: Some(api),
+            metrics,
+            keys,
+            webhook: None,
+            watcher: None,
+            certs: Some(certs),
+            webhook_url: String::new(),
+            config: setup.watcher.clone(),
+            _dir: Some(dir),
+        };
+        env.start_webhook(setup.lookup_deadline).await;
+        env.register_webhook("Ignore").await;
+        if setup.start_watcher {
+            env.start_watcher();
+        }
+        env
+    }
+
+    async fn real_cluster(path: std::ffi::OsString) -> Env {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path)
+            .expect("CONFIGHASH_E2E_KUBECONFIG is readable");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .expect("a usable kubeconfig");
+        Env {
+            client: kube::Client::try_from(config).expect("a client"),
+            api: None,
+            metrics: Arc::new(Metrics::new()),
+            keys: Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
+            webhook: None,
+            watcher: None,
+            certs: None,
+            webhook_url: String::new(),
+            config: WatcherConfig::default(),
+            _dir: None,
+        }
+    }
+
+    pub fn is_stand_in(&self) -> bool {
+        self.api.is_some()
+    }
+
+    /// The stand-in, for fault injection (scenarios that need it skip on a real cluster).
+    pub fn api(&self) -> &ApiServer {
+        self.api
+            .as_ref()
+            .expect("this scenario needs the in-memory API server")
+    }
+
+    async fn start_webhook(&mut self, lookup_deadline: Duration) {
+        let dir = self._dir.as_ref().unwrap().path();
+        let store = CertStore::load(dir.join("tls.crt"), dir.join("tls.key")).unwrap();
+        let webhook = Arc::new(Webhook {
+            source: Arc::new(KubeSource::new(self.client.clone())),
+            keys: self.keys.clone(),
+            metrics: self.metrics.clone(),
+            lookup_deadline,
+            options: self.config.rules,
+        });
+        let listen = if self.webhook_url.is_empty() {
+            "127.0.0.1:0".parse().unwrap()
+        } else {
+            // Restart on the same port, as a restarted pod behind its Service.
+            let port: u16 = self
+                .webhook_url
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .trim_end_matches("/mutate")
+                .parse()
+                .unwrap();
+            std::net::SocketAddr::from(([127, 0, 0, 1], port))
+        };
+        let running = serve::start(ServeConfig {
+            listen,
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            certs: store,
+            webhook,
+            health: Arc::new(Health::default()),
+            cert_poll: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(5),
+        })
+        .await
+        .unwrap();
+        self.webhook_url = format!("https://127.0.0.1:{}/mutate", running.webhook_addr.port());
+        self.webhook = Some(running);
+    }
+
+    /// Stops the webhook (the API server then follows the failure policy).
+    pub async fn stop_webhook(&mut self) {
+        if let Some(w) = self.webhook.take() {
+            w.shutdown().await;
+        }
+    }
+
+    pub async fn restart_webhook(&mut self) {
+        self.stop_webhook().await;
+        self.start_webhook(Duration::from_secs(2)).await;
+    }
+
+    /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does.
+    pub async fn register_webhook(&self, failure_policy: &str) {
+        let ca = &self.certs.as_ref().unwrap().ca_pem;
+        let configuration: MutatingWebhookConfiguration = serde_json::from_value(json!({
+            "metadata": {"name": "confighash"},
+            "webhooks": [{
+                "name": "stamp.confighash.dev",
+                "clientConfig": {"url": self.webhook_url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
+                "rules": [
+                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["deployments", "statefulsets", "daemonsets"], "scope": "Namespaced"},
+                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["cronjobs"], "scope": "Namespaced"},
+                    {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["rollouts"], "scope": "Namespaced"}
+                ],
+                "namespaceSelector": {"matchLabels": {"confighash.dev/enabled": "true"}},
+                "objectSelector": {"matchExpressions": [{"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["false"]}]},
+                "failurePolicy": failure_policy,
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "reinvocationPolicy": "IfNeeded",
+                "admissionReviewVersions": ["v1"]
+            }]
+        }))
+        .unwrap();
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        match api.get_opt("confighash").await.unwrap() {
+            Some(old) => {
+                let mut c = configuration;
+                c.metadata.resource_version = old.metadata.resource_version;
+                api.replace("confighash", &PostParams::default(), &c)
+                    .await
+                    .unwrap();
+            }
+            None => {
+                api.create(&PostParams::default(), &configuration)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Starts (or restarts) the watcher as the leader.
+    pub fn start_watcher(&mut self) {
+        self.start_watcher_with(Leadership::always());
+    }
+
+    pub fn start_watcher_with(&mut self, leadership: Leadership) {
+        self.stop_watcher();
+        self.watcher = Some(tokio::spawn(watcher::run(
+            self.client.clone(),
+            self.keys.clone(),
+            leadership,
+            self.metrics.clone(),
+            self.config.clone(),
+        )));
+    }
+
+    pub fn stop_watcher(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
+
+    /// Pod-template transitions of a workload so far.
+    pub async fn rollouts(&self, namespace: &str, kind: &str, name: &str) -> u64 {
+        match &self.api {
+            Some(api) => api.rollouts(namespace, kind, name),
+            None => {
+                // A real cluster: a Deployment's revision counts its templates.
+                let d: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+                let rev = d
+                    .get(name)
+                    .await
+                    .ok()
+                    .and_then(|d| {
+                        d.metadata
+                            .annotations?
+                            .get("deployment.kubernetes.io/revision")?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .unwrap_or(1);
+                rev.saturating_sub(1)
+            }
+        }
+    }
+
+    /// Polls until the workload has rolled `n` times.
+    pub async fn wait_rollouts(&self, namespace: &str, kind: &str, name: &str, n: u64) {
+        let start = tokio::time::Instant::now();
+        loop {
+            let now = self.rollouts(namespace, kind, name).await;
+            if now == n {
+                return;
+            }
+            assert!(
+                now < n,
+                "{kind} {namespace}/{name} rolled {now} times, more than {n}"
+            );
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{kind} {namespace}/{name} rolled {now} times, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Polls until `check` holds.
+    pub async fn eventually<F, Fut>(&self, what: &str, mut check: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = tokio::time::Instant::now();
+        while !check().await {
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A barrier: changes a sentinel ConfigMap in `namespace` and waits for its sentinel
+    /// Deployment to roll. Watch events are handled in order, so everything written before the
+    /// barrier has been handled by the watcher once it returns (including deciding not to act).
+    pub async fn barrier(&self, namespace: &str) {
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+        if deploys.get_opt("barrier").await.unwrap().is_none() {
+            self.config_map(namespace, "barrier", &[("n", "0")]).await;
+            self.deployment(namespace, "barrier", &[("envFrom", "barrier")])
+                .await;
+        }
+        let before = self.rollouts(namespace, "Deployment", "barrier").await;
+        let n = cms.get("barrier").await.unwrap().data.unwrap()["n"]
+            .parse::<u64>()
+            .unwrap()
+            + 1;
+        cms.patch(
+            "barrier",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": n.to_string()}})),
+        )
+        .await
+        .unwrap();
+        self.wait_rollouts(namespace, "Deployment", "barrier", before + 1)
+            .await;
+    }
+
+    /// Creates a namespace, opted in or not.
+    pub async fn namespace(&self, name: &str, opted_in: bool) {
+        let mut labels = BTreeMap::new();
+        if opted_in {
+            labels.insert("confighash.dev/enabled".to_owned(), "true".to_owned());
+        }
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(labels),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+    }
+
+    /// Creates or replaces a ConfigMap's data.
+    pub async fn config_map(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let data: BTreeMap<String, String> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        match api.get_opt(name).await.unwrap() {
+            Some(mut cm) => {
+                cm.data = Some(data);
+                api.replace(name, &PostParams::default(), &cm)
+                    .await
+                    .unwrap();
+            }
+            None => {
+                let cm = ConfigMap {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(name.to_owned()),
+                        ..Default::default()
+                    },
+                    data: Some(data),
+                    ..Default::default()
+                };
+                api.create(&PostParams::default(), &cm).await.unwrap();
+            }
+        }
+    }
+
+    /// Creates or replaces a Secret's data (as stringData).
+    pub async fn secret(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let string_data: BTreeMap<String, String> = data
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        match api.get_opt(name).await.unwrap() {
+            Some(mut s) => {
+                s.data = None;
+                s.string_data = Some(string_data);
+                api.replace(name, &PostParams::default(), &s).await.unwrap();
+            }
+            None => {
+                let s = Secret {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(name.to_owned()),
+                        ..Default::default()
+                    },
+                    string_data: Some(string_data),
+                    ..Default::default()
+                };
+                api.create(&PostParams::default(), &s).await.unwrap();
+            }
+        }
+    }
+
+    pub async fn delete_config_map(&self, namespace: &str, name: &str) {
+        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// Creates a Deployment whose single container uses `refs`: ("envFrom", cm), ("secretEnvFrom",
+    /// secret), ("key", "cm/key"), ("secretKey", "secret/key"), ("volume", cm) (mounted).
+    pub async fn deployment(&self, namespace: &str, name: &str, refs: &[(&str, &str)]) -> Value {
+        self.workload(namespace, "Deployment", name, refs, json!({}))
+            .await
+    }
+
+    /// Creates a workload of `kind` (Deployment, StatefulSet, DaemonSet, CronJob, Rollout).
+    pub async fn workload(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+        refs: &[(&str, &str)],
+        labels: Value,
+    ) -> Value {
+        let obj = workload_object(kind, name, refs, labels);
+        let (group, version, plural) = match kind {
+            "CronJob" => ("batch", "v1", "cronjobs"),
+            "Rollout" => ("argoproj.io", "v1alpha1", "rollouts"),
+            "StatefulSet" => ("apps", "v1", "statefulsets"),
+            "DaemonSet" => ("apps", "v1", "daemonsets"),
+            _ => ("apps", "v1", "deployments"),
+        };
+        let ar = kube::api::ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: if group.is_empty() {
+                version.into()
+            } else {
+                format!("{group}/{version}")
+            },
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let dynamic: DynamicObject = serde_json::from_value(obj).unwrap();
+        let created = api.create(&PostParams::default(), &dynamic).await.unwrap();
+        serde_json::to_value(created).unwrap()
+    }
+
+    /// The stamp on a workload's pod template, read from the API server.
+    pub async fn stamp(&self, namespace: &str, kind: &str, name: &str) -> Option<String> {
+        let obj = self.get_workload(namespace, kind, name).await?;
+        let template = if kind == "CronJob" {
+            "/spec/jobTemplate/spec/template"
+        } else {
+            "/spec/template"
+        };
+        obj.pointer(&format!("{template}/metadata/annotations"))?
+            .get(STAMP)?
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    pub async fn get_workload(&self, namespace: &str, kind: &str, name: &str) -> Option<Value> {
+        let (group, version, plural) = match kind {
+            "CronJob" => ("batch", "v1", "cronjobs"),
+            "Rollout" => ("argoproj.io", "v1alpha1", "rollouts"),
+            "StatefulSet" => ("apps", "v1", "statefulsets"),
+            "DaemonSet" => ("apps", "v1", "daemonsets"),
+            _ => ("apps", "v1", "deployments"),
+        };
+        let ar = kube::api::ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: format!("{group}/{version}"),
+            kind: kind.into(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        api.get_opt(name)
+            .await
+            .unwrap()
+            .map(|o| serde_json::to_value(o).unwrap())
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(w) = self.watcher.take() {
+            w.abort();
+        }
+    }
+}
+
+/// A workload object of `kind` whose container uses `refs` (see [`Env::deployment`]).
+pub fn workload_object(kind: &str, name: &str, refs: &[(&str, &str)], labels: Value) -> Value {
+    let mut env_from = Vec::new();
+    let mut env = Vec::new();
+    let mut volumes = Vec::new();
+    let mut mounts = Vec::new();
+    for (i, (how, what)) in refs.iter().enumerate() {
+        match *how {
+            "envFrom" => env_from.push(json!({"configMapRef": {"name": what}})),
+            "optionalEnvFrom" => {
+                env_from.push(json!({"configMapRef": {"name": what, "optional": true}}))
+            }
+            "secretEnvFrom" => env_from.push(json!({"secretRef": {"name": what}})),
+            "key" | "secretKey" => {
+                let (obj, key) = what.split_once('/').unwrap();
+                let selector = if *how == "key" {
+                    "configMapKeyRef"
+                } else {
+                    "secretKeyRef"
+                };
+                env.push(json!({"name": format!("V{i}"), "valueFrom": {selector: {"name": obj, "key": key}}}));
+            }
+            "volume" => {
+                volumes.push(json!({"name": format!("v{i}"), "configMap": {"name": what}}));
+                mounts.push(json!({"name": format!("v{i}"), "mountPath": format!("/etc/v{i}")}));
+            }
+            other => panic!("unknown reference form {other}"),
+        }
+    }
+    let template = json!({
+        "metadata": {"labels": {"app": name}},
+        "spec": {
+            "restartPolicy": if kind == "CronJob" { "OnFailure" } else { "Always" },
+            "containers": [{"name": "app", "image": "example/app:1", "envFrom": env_from, "env": env, "volumeMounts": mounts}],
+            "volumes": volumes
+        }
+    });
+    let (api_version, spec) = match kind {
+        "CronJob" => (
+            "batch/v1",
+            json!({"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template}}}),
+        ),
+        "Rollout" => (
+            "argoproj.io/v1alpha1",
+            json!({"selector": {"matchLabels": {"app": name}}, "template": template}),
+        ),
+        "StatefulSet" => (
+            "apps/v1",
+            json!({"serviceName": name, "selector": {"matchLabels": {"app": name}}, "template": template}),
+        ),
+        _ => (
+            "apps/v1",
+            json!({"selector": {"matchLabels": {"app": name}}, "template": template}),
+        ),
+    };
+    json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec
+    })
+}
