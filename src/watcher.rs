@@ -514,6 +514,7 @@ impl State {
 
     async fn run(mut self, mut rx: mpsc::Receiver<Input>) {
         let mut leader = self.leadership.changes();
+        self.metrics.set_leader(self.leadership.is_leader());
         loop {
             let wake = self.next_wake();
             tokio::select! {
