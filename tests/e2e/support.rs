@@ -450,25 +450,8 @@ impl Env {
         labels: Value,
     ) -> Value {
         let obj = workload_object(kind, name, refs, labels);
-        let (group, version, plural) = match kind {
-            "CronJob" => ("batch", "v1", "cronjobs"),
-            "Rollout" => ("argoproj.io", "v1alpha1", "rollouts"),
-            "StatefulSet" => ("apps", "v1", "statefulsets"),
-            "DaemonSet" => ("apps", "v1", "daemonsets"),
-            _ => ("apps", "v1", "deployments"),
-        };
-        let ar = kube::api::ApiResource {
-            group: group.into(),
-            version: version.into(),
-            api_version: if group.is_empty() {
-                version.into()
-            } else {
-                format!("{group}/{version}")
-            },
-            kind: kind.into(),
-            plural: plural.into(),
-        };
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind));
         let dynamic: DynamicObject = serde_json::from_value(obj).unwrap();
         let created = api.create(&PostParams::default(), &dynamic).await.unwrap();
         serde_json::to_value(created).unwrap()
@@ -489,21 +472,8 @@ impl Env {
     }
 
     pub async fn get_workload(&self, namespace: &str, kind: &str, name: &str) -> Option<Value> {
-        let (group, version, plural) = match kind {
-            "CronJob" => ("batch", "v1", "cronjobs"),
-            "Rollout" => ("argoproj.io", "v1alpha1", "rollouts"),
-            "StatefulSet" => ("apps", "v1", "statefulsets"),
-            "DaemonSet" => ("apps", "v1", "daemonsets"),
-            _ => ("apps", "v1", "deployments"),
-        };
-        let ar = kube::api::ApiResource {
-            group: group.into(),
-            version: version.into(),
-            api_version: format!("{group}/{version}"),
-            kind: kind.into(),
-            plural: plural.into(),
-        };
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &ar);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind));
         api.get_opt(name)
             .await
             .unwrap()
@@ -516,6 +486,24 @@ impl Drop for Env {
         if let Some(w) = self.watcher.take() {
             w.abort();
         }
+    }
+}
+
+/// The API of a workload kind by its name (Deployment, StatefulSet, DaemonSet, CronJob, Rollout).
+pub fn api_resource(kind: &str) -> kube::api::ApiResource {
+    let (group, version, plural) = match kind {
+        "CronJob" => ("batch", "v1", "cronjobs"),
+        "Rollout" => ("argoproj.io", "v1alpha1", "rollouts"),
+        "StatefulSet" => ("apps", "v1", "statefulsets"),
+        "DaemonSet" => ("apps", "v1", "daemonsets"),
+        _ => ("apps", "v1", "deployments"),
+    };
+    kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
     }
 }
 
