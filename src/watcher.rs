@@ -83,8 +83,8 @@ enum Input {
     Workload(WorkloadKey, Option<WorkloadEntry>),
     WorkloadRelist(WorkloadKind, HashSet<WorkloadKey>),
     Synced(Stream),
-    /// A touch that did not take: try again at this time.
-    Retry(WorkloadKey, Instant),
+    /// A touch that did not take: try again at this time, for the same changes.
+    Retry(WorkloadKey, Instant, Pending),
 }
 
 /// The watch streams whose first list must finish before reconcile.
@@ -604,10 +604,15 @@ impl State {
                 self.synced.insert(stream);
                 self.metrics.set_synced(self.is_synced());
             }
-            Input::Retry(key, at) => {
+            Input::Retry(key, at, failed) => {
                 self.metrics.touch_retry();
                 let p = self.pending.entry(key).or_default();
                 p.due = Some(p.due.map_or(at, |d| d.min(at)));
+                // Keep what the touch was for, so the retry is the same kind of touch (a config
+                // change replaces a foreign stamp; reconcile would not) and its Event names it.
+                p.changed.extend(failed.changed);
+                p.attempt = p.attempt.max(failed.attempt + 1);
+                p.seen = p.seen.or(failed.seen);
             }
         }
     }
@@ -795,13 +800,15 @@ impl State {
                     // The webhook kept the old stamp: its lookup failed. Try again later.
                     metrics.touch("kept-by-webhook");
                     tracing::warn!(workload = %key, "the webhook kept the old stamp; retrying");
-                    let _ = tx.send(Input::Retry(key, retry(pending.attempt))).await;
+                    let at = retry(pending.attempt);
+                    let _ = tx.send(Input::Retry(key, at, pending)).await;
                 }
                 Err(TouchError::Gone) => metrics.touch("gone"),
                 Err(TouchError::Api(e)) => {
                     metrics.touch("error");
                     tracing::warn!(workload = %key, error = %e, "touch failed; retrying");
-                    let _ = tx.send(Input::Retry(key, retry(pending.attempt))).await;
+                    let at = retry(pending.attempt);
+                    let _ = tx.send(Input::Retry(key, at, pending)).await;
                 }
             }
         });

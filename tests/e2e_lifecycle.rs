@@ -1,0 +1,475 @@
+//! End to end: confighash's lifecycle and failure modes. Restarts, lookup failures, a webhook
+//! that is down, a replaced key, a killed leader, dropped watches, Events and rate limits; each
+//! scenario checks rollout counts from the stand-in's accounting.
+
+#[path = "e2e/support.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use confighash::checksum::StampKey;
+use confighash::leader::{self, LeaderConfig, Leadership};
+use confighash::metrics::Metrics;
+use confighash::watcher::{self, WatcherConfig};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::{Env, Setup};
+
+const NS: &str = "shop";
+const UNSTAMPED: &str = "confighash.dev/unstamped";
+
+/// An opted-in namespace with ConfigMap `app-env` and Deployment `web` using it, stamped at
+/// CREATE and settled (no rollout).
+async fn shop(env: &Env) {
+    env.namespace(NS, true).await;
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.deployment(NS, "web", &[("envFrom", "app-env")]).await;
+    assert!(
+        env.stamp(NS, "Deployment", "web").await.is_some(),
+        "stamped at CREATE"
+    );
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 0);
+}
+
+/// The `confighash.dev/unstamped` marker on a workload's metadata.
+async fn marker(env: &Env, name: &str) -> Option<String> {
+    env.get_workload(NS, "Deployment", name)
+        .await?
+        .pointer("/metadata/annotations")?
+        .get(UNSTAMPED)?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// The value of an unlabelled metric in the OpenMetrics text.
+fn metric(env: &Env, name: &str) -> f64 {
+    env.metrics
+        .encode()
+        .lines()
+        .find_map(|line| {
+            let (n, v) = line.split_once(' ')?;
+            (n == name).then(|| v.trim().parse::<f64>().ok())?
+        })
+        .unwrap_or(0.0)
+}
+
+/// Creates a StatefulSet with `updateStrategy: OnDelete` through the API.
+async fn on_delete_stateful_set(env: &Env, name: &str, refs: &[(&str, &str)]) {
+    let mut obj = support::workload_object("StatefulSet", name, refs, json!({}));
+    obj["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+    let sts: StatefulSet = serde_json::from_value(obj).unwrap();
+    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &sts)
+        .await
+        .unwrap();
+}
+
+/// The ConfigChanged Events recorded for the workload `name`.
+async fn config_changed_events(env: &Env, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(env.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("ConfigChanged")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_restart_with_nothing_changed_rolls_nothing() {
+    let mut env = Env::start().await;
+    shop(&env).await;
+
+    env.stop_watcher();
+    env.start_watcher();
+    env.restart_webhook().await;
+    // Twice: the first may be handled by the new watcher's reconcile at start, in the same pass
+    // as `web`; by the second, that pass is over.
+    env.barrier(NS).await;
+    env.barrier(NS).await;
+    assert_eq!(
+        env.rollouts(NS, "Deployment", "web").await,
+        0,
+        "stamps are compared, not replayed"
+    );
+}
+
+#[tokio::test]
+async fn a_change_made_while_the_watcher_was_down_rolls_once_at_start() {
+    let mut env = Env::start().await;
+    shop(&env).await;
+    let before = env.stamp(NS, "Deployment", "web").await;
+
+    env.stop_watcher();
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.start_watcher();
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    assert_ne!(env.stamp(NS, "Deployment", "web").await, before);
+}
+
+#[tokio::test]
+async fn a_lookup_failure_at_create_is_marked_and_reconcile_resolves_it() {
+    let mut env = Env::start().await;
+    env.namespace(NS, true).await;
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.barrier(NS).await;
+
+    // The webhook's one lookup (a get of `app-env`) fails.
+    env.api().fail_next(Some("get"), Some("configmaps"), 1, 500);
+    env.deployment(NS, "web", &[("envFrom", "app-env")]).await;
+    assert_eq!(
+        marker(&env, "web").await.as_deref(),
+        Some("lookup-failed"),
+        "a CREATE the webhook could not stamp is marked"
+    );
+    assert_eq!(env.stamp(NS, "Deployment", "web").await, None);
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 0);
+
+    // Reconcile at start resolves the marker.
+    env.stop_watcher();
+    env.start_watcher();
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.eventually("the marker to go", || async {
+        marker(&env, "web").await.is_none()
+    })
+    .await;
+    let stamp = env.stamp(NS, "Deployment", "web").await;
+    assert!(stamp.is_some(), "stamped by reconcile");
+    env.deployment(NS, "twin", &[("envFrom", "app-env")]).await;
+    assert_eq!(stamp, env.stamp(NS, "Deployment", "twin").await);
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+}
+
+#[tokio::test]
+async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
+    let mut env = Env::start().await;
+    shop(&env).await;
+    let before = env.stamp(NS, "Deployment", "web").await;
+
+    // failurePolicy Ignore: the watcher's touch is admitted as it is.
+    env.stop_webhook().await;
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    let stamp = env.stamp(NS, "Deployment", "web").await;
+    assert_ne!(stamp, before);
+
+    env.restart_webhook().await;
+    env.deployment(NS, "twin", &[("envFrom", "app-env")]).await;
+    assert_eq!(
+        stamp,
+        env.stamp(NS, "Deployment", "twin").await,
+        "the watcher's stamp is the one the webhook computes"
+    );
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+}
+
+#[tokio::test]
+async fn a_replaced_key_rolls_nothing_until_a_real_change() {
+    let mut env = Env::start().await;
+    shop(&env).await;
+    let old = env.stamp(NS, "Deployment", "web").await.unwrap();
+
+    let new_key = StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap();
+    let new_id = new_key.id().to_owned();
+    assert!(!old.starts_with(&format!("v1:{new_id}:")));
+    env.keys.set(new_key);
+
+    // Reconcile leaves the foreign stamp alone.
+    env.stop_watcher();
+    env.start_watcher();
+    env.barrier(NS).await;
+    env.barrier(NS).await;
+    // An UPDATE that leaves the template unchanged keeps it too.
+    Api::<Deployment>::namespaced(env.client.clone(), NS)
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "shop"}}})),
+        )
+        .await
+        .unwrap();
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 0);
+    assert_eq!(
+        env.stamp(NS, "Deployment", "web").await.as_deref(),
+        Some(old.as_str())
+    );
+
+    // The next real change replaces it.
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    let stamp = env.stamp(NS, "Deployment", "web").await.unwrap();
+    assert!(
+        stamp.starts_with(&format!("v1:{new_id}:")),
+        "{stamp} carries the new key id {new_id}"
+    );
+}
+
+#[tokio::test]
+async fn a_killed_leader_is_replaced_and_a_change_rolls_once() {
+    let mut env = Env::start_with(Setup {
+        start_watcher: false,
+        ..Default::default()
+    })
+    .await;
+    Api::<Namespace>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "confighash-system"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let election = |identity: &str| {
+        let mut config = LeaderConfig::new("confighash-system", identity);
+        config.lease_duration = Duration::from_millis(1500);
+        config.renew_deadline = Duration::from_millis(1000);
+        config.retry_period = Duration::from_millis(200);
+        leader::spawn(env.client.clone(), config)
+    };
+    let (lead_a, elect_a) = election("replica-a");
+    let (lead_b, elect_b) = election("replica-b");
+    env.start_watcher_with(lead_a.clone());
+    let watcher_b = tokio::spawn(watcher::run(
+        env.client.clone(),
+        env.keys.clone(),
+        lead_b.clone(),
+        Arc::new(Metrics::new()),
+        WatcherConfig {
+            identity: "replica-b".to_owned(),
+            ..env.config.clone()
+        },
+    ));
+    shop(&env).await;
+    env.eventually("a leader", || async {
+        lead_a.is_leader() || lead_b.is_leader()
+    })
+    .await;
+
+    let (survivor, survivor_election, survivor_watcher): (Leadership, _, _) = if lead_a.is_leader()
+    {
+        env.stop_watcher();
+        elect_a.abort();
+        (lead_b, elect_b, Some(watcher_b))
+    } else {
+        watcher_b.abort();
+        elect_b.abort();
+        (lead_a, elect_a, None)
+    };
+    env.eventually("the other replica to take over", || async {
+        survivor.is_leader()
+    })
+    .await;
+
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(
+        env.rollouts(NS, "Deployment", "web").await,
+        1,
+        "one rollout, never two"
+    );
+    survivor_election.abort();
+    if let Some(w) = survivor_watcher {
+        w.abort();
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_watch_and_410_during_a_change_still_roll_once() {
+    let env = Env::start().await;
+    shop(&env).await;
+
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.api().close_watches();
+    env.api().compact();
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+}
+
+#[tokio::test]
+async fn a_stamp_kept_by_the_webhook_is_retried_until_it_lands() {
+    let env = Env::start().await;
+    shop(&env).await;
+    let before = env.stamp(NS, "Deployment", "web").await;
+
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    // The webhook's lookups fail for the first touches: it keeps the old stamp.
+    env.api().fail_next(Some("get"), Some("configmaps"), 3, 500);
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    let stamp = env.stamp(NS, "Deployment", "web").await;
+    assert_ne!(stamp, before);
+    assert!(
+        env.metrics.touches("kept-by-webhook") >= 1,
+        "the kept stamp was noticed"
+    );
+    assert!(metric(&env, "confighash_touch_retries_total") >= 1.0);
+
+    env.deployment(NS, "twin", &[("envFrom", "app-env")]).await;
+    assert_eq!(stamp, env.stamp(NS, "Deployment", "twin").await);
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+}
+
+#[tokio::test]
+async fn a_change_records_an_event_naming_the_config_map() {
+    let env = Env::start().await;
+    shop(&env).await;
+    on_delete_stateful_set(&env, "db", &[("envFrom", "app-env")]).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "StatefulSet", "db").await, 0);
+
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.wait_rollouts(NS, "StatefulSet", "db", 1).await;
+
+    env.eventually("an Event on web", || async {
+        !config_changed_events(&env, "web").await.is_empty()
+    })
+    .await;
+    let events = config_changed_events(&env, "web").await;
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    let note = event.note.as_deref().unwrap_or_default();
+    assert!(note.contains("app-env"), "{note:?} names the ConfigMap");
+    let regarding = event.regarding.as_ref().unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("Deployment"));
+
+    env.eventually("an Event on db", || async {
+        !config_changed_events(&env, "db").await.is_empty()
+    })
+    .await;
+    let events = config_changed_events(&env, "db").await;
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.as_deref().unwrap_or_default();
+    assert!(note.contains("app-env"), "{note:?} names the ConfigMap");
+    assert!(
+        note.contains("will not roll by themselves"),
+        "{note:?} says the pods will not roll"
+    );
+
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    assert_eq!(env.rollouts(NS, "StatefulSet", "db").await, 1);
+}
+
+#[tokio::test]
+async fn a_change_shared_by_many_workloads_is_rate_limited_and_rolls_each_once() {
+    let env = Env::start_with(Setup {
+        watcher: WatcherConfig {
+            max_touches_per_second: 2.0,
+            ..Setup::default().watcher
+        },
+        ..Default::default()
+    })
+    .await;
+    env.namespace(NS, true).await;
+    env.config_map(NS, "shared", &[("LOG_LEVEL", "info")]).await;
+    let names: Vec<String> = (0..30).map(|i| format!("web-{i}")).collect();
+    for name in &names {
+        env.deployment(NS, name, &[("envFrom", "shared")]).await;
+    }
+    env.barrier(NS).await;
+
+    env.config_map(NS, "shared", &[("LOG_LEVEL", "debug")])
+        .await;
+    for name in &names {
+        env.wait_rollouts(NS, "Deployment", name, 1).await;
+    }
+    env.barrier(NS).await;
+    for name in &names {
+        assert_eq!(
+            env.rollouts(NS, "Deployment", name).await,
+            1,
+            "{name} rolled once"
+        );
+    }
+    let limited = metric(&env, "confighash_touches_rate_limited_total");
+    assert!(limited > 0.0, "the token bucket held touches back");
+}
+
+/// Polls for up to `within` until `name` has rolled `n` times; returns the count then (for
+/// scenarios that must not wait the full DEADLINE when confighash misbehaves).
+async fn rollouts_within(env: &Env, name: &str, n: u64, within: Duration) -> u64 {
+    let start = tokio::time::Instant::now();
+    loop {
+        let now = env.rollouts(NS, "Deployment", name).await;
+        if now >= n || start.elapsed() >= within {
+            return now;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+// DESIGN (rule 3 and "Touch"): a foreign stamp is replaced at the next config change the
+// watcher acts on, and a touch whose stamp the webhook kept is retried. The retry is scheduled
+// with an empty change set, so `touch_due` decides it as `Trigger::Reconcile`, which keeps
+// foreign stamps: the retry is dropped and the change never lands.
+#[tokio::test]
+async fn a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry() {
+    let env = Env::start().await;
+    shop(&env).await;
+    let new_key = StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap();
+    let new_id = new_key.id().to_owned();
+    env.keys.set(new_key);
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 0);
+
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    // The first touch's lookup in the webhook fails: it keeps the foreign stamp.
+    env.api().fail_next(Some("get"), Some("configmaps"), 1, 500);
+    let rolled = rollouts_within(&env, "web", 1, Duration::from_secs(5)).await;
+    assert!(env.metrics.touches("kept-by-webhook") >= 1);
+    assert_eq!(rolled, 1, "the retried touch lands");
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    let stamp = env.stamp(NS, "Deployment", "web").await.unwrap();
+    assert!(stamp.starts_with(&format!("v1:{new_id}:")), "{stamp}");
+}
+
+// DESIGN ("Touch"): the Event names what changed. After a retry it says "its stamp was stale":
+// the retry's `Pending` starts empty (its change set, and its attempt count, are dropped).
+#[tokio::test]
+async fn the_event_of_a_retried_touch_names_the_config_map() {
+    let env = Env::start().await;
+    shop(&env).await;
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.api().fail_next(Some("get"), Some("configmaps"), 2, 500);
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    assert!(env.metrics.touches("kept-by-webhook") >= 1);
+    env.eventually("an Event on web", || async {
+        !config_changed_events(&env, "web").await.is_empty()
+    })
+    .await;
+    for event in config_changed_events(&env, "web").await {
+        let note = event.note.unwrap_or_default();
+        assert!(note.contains("app-env"), "{note:?} names the ConfigMap");
+    }
+}
