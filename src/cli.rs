@@ -75,12 +75,29 @@ pub struct ServeArgs {
     /// Address of the admin port (plain HTTP: /livez, /readyz, /metrics).
     #[arg(long, env = "CONFIGHASH_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
     pub admin_listen: SocketAddr,
-    /// Serving certificate (PEM), re-read when it changes.
-    #[arg(long, env = "CONFIGHASH_TLS_CERT", value_name = "FILE")]
+    /// Serving certificate (PEM), re-read when it changes (with --self-signed-certs, written
+    /// there).
+    #[arg(
+        long,
+        env = "CONFIGHASH_TLS_CERT",
+        value_name = "FILE",
+        default_value = "/var/run/confighash/tls.crt"
+    )]
     pub tls_cert: PathBuf,
-    /// Serving certificate's private key (PEM), re-read when it changes.
-    #[arg(long, env = "CONFIGHASH_TLS_KEY", value_name = "FILE")]
+    /// Serving certificate's private key (PEM), re-read when it changes (with
+    /// --self-signed-certs, written there).
+    #[arg(
+        long,
+        env = "CONFIGHASH_TLS_KEY",
+        value_name = "FILE",
+        default_value = "/var/run/confighash/tls.key"
+    )]
     pub tls_key: PathBuf,
+    /// Make and keep a CA and serving certificate in the Secret `confighash-certs`, shared by all
+    /// replicas, and keep the MutatingWebhookConfiguration `confighash`'s caBundle current
+    /// (for the Service `confighash` in the pod's namespace).
+    #[arg(long, env = "CONFIGHASH_SELF_SIGNED_CERTS")]
+    pub self_signed_certs: bool,
     /// HMAC key file: its bytes exactly as they are (at least 16).
     #[arg(
         long,

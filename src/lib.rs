@@ -18,6 +18,7 @@ pub mod pace;
 pub mod patch;
 pub mod refs;
 pub mod rules;
+pub mod selfsigned;
 pub mod serve;
 pub mod tls;
 pub mod watcher;

@@ -210,6 +210,8 @@ pub enum RunError {
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
+    SelfSigned(#[from] crate::selfsigned::SelfSignedError),
+    #[error(transparent)]
     Serve(#[from] ServeError),
     #[error("leader election: {0}")]
     Leader(String),
@@ -246,6 +248,15 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         }
     };
     tracing::info!(key_id = keys.current().id(), "checksum key loaded");
+    if args.self_signed_certs {
+        let config = crate::selfsigned::SelfSignedConfig::new(
+            &namespace,
+            args.tls_cert.clone(),
+            args.tls_key.clone(),
+        );
+        crate::selfsigned::ensure(&client, &config).await?;
+        background.push(tokio::spawn(crate::selfsigned::run(client.clone(), config)));
+    }
     let certs = CertStore::load(&args.tls_cert, &args.tls_key)?;
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let rules = crate::rules::Options {

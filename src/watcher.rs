@@ -584,7 +584,16 @@ impl State {
             },
             Input::NamespaceRelist(seen) => self.namespaces.retain(|n| seen.contains(n)),
             Input::Workload(key, entry) => match entry {
-                Some(entry) => self.workloads.upsert(key, entry),
+                Some(entry) => {
+                    self.workloads.upsert(key.clone(), entry);
+                    // A workload whose stamp is stale when it arrives (its ConfigMap's event came
+                    // first, on another watch, and found nothing referencing it) is checked again
+                    // once a window has passed, by reconcile's rules.
+                    if self.is_synced() && self.decide(&key, Trigger::Reconcile).is_some() {
+                        let due = now + self.config.debounce;
+                        self.pending.entry(key).or_default().due.get_or_insert(due);
+                    }
+                }
                 None => {
                     self.workloads.remove(&key);
                     self.pending.remove(&key);
