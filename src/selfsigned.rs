@@ -51,7 +51,7 @@ pub struct SelfSignedConfig {
     pub key_path: PathBuf,
     pub ca_validity: Duration,
     pub cert_validity: Duration,
-    /// Re-issue the serving certificate when less than this is left.
+    /// Re-issue the serving certificate when less than this is left (less than `cert_validity`).
     pub renew_before: Duration,
     /// Start a CA rotation when less than this is left of the CA.
     pub rotate_ca_before: Duration,
@@ -61,6 +61,8 @@ pub struct SelfSignedConfig {
 }
 
 const DAY: u64 = 24 * 60 * 60;
+/// How far certificates' notBefore is set in the past, for clocks that lag.
+const BACKDATE: Duration = Duration::from_secs(300);
 
 impl SelfSignedConfig {
     /// The defaults: Secret `confighash-certs`, Service and webhook configuration `confighash`,
@@ -172,7 +174,7 @@ fn new_ca(validity: Duration) -> Result<(String, String), SelfSignedError> {
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let now = SystemTime::now();
-    params.not_before = (now - Duration::from_secs(300)).into();
+    params.not_before = (now - BACKDATE).into();
     params.not_after = (now + validity).into();
     let cert = params.self_signed(&key)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -196,7 +198,7 @@ fn issue(
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     params.use_authority_key_identifier_extension = true;
     let now = SystemTime::now();
-    params.not_before = (now - Duration::from_secs(300)).into();
+    params.not_before = (now - BACKDATE).into();
     params.not_after = (now + validity).into();
     let cert = params.signed_by(&key, &issuer)?;
     Ok((cert.pem(), key.serialize_pem()))
@@ -246,7 +248,9 @@ fn next(
 ) -> Result<Option<State>, SelfSignedError> {
     let name = &config.secret_name;
     let (_, ca_expires) = validity(&state.ca_cert, name)?;
-    let (issued, tls_expires) = validity(&state.tls_cert, name)?;
+    let (not_before, tls_expires) = validity(&state.tls_cert, name)?;
+    // Certificates are back-dated by BACKDATE against clock skew.
+    let issued = not_before + BACKDATE;
     let ca_fp = fingerprint(&state.ca_cert);
     let rotating = state.bundle.trim() != state.ca_cert.trim();
 
