@@ -104,6 +104,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     config: WatcherConfig,
 ) {
+    metrics.set_synced(false);
     let (tx, rx) = mpsc::channel(1024);
     let mut tasks = vec![
         tokio::spawn(watch_configs::<ConfigMap>(
@@ -611,6 +612,7 @@ impl State {
             }
             Input::Synced(stream) => {
                 self.synced.insert(stream);
+                tracing::debug!(?stream, synced = self.synced.len(), of = STREAMS, "listed");
                 self.metrics.set_synced(self.is_synced());
             }
             Input::Retry(key, at, failed) => {
@@ -637,6 +639,9 @@ impl State {
             || !self.namespaces.contains(&key.0)
             || !self.workloads.is_referenced(&key)
         {
+            tracing::debug!(object = %key.1, namespace = key.0, synced = self.is_synced(),
+                opted_in = self.namespaces.contains(&key.0),
+                referenced = self.workloads.is_referenced(&key), "change not acted on");
             return;
         }
         self.metrics.change_seen(key.1.kind.as_str());
@@ -653,6 +658,7 @@ impl State {
             self.reconcile(now);
         }
         if let Some(changes) = self.window.take_if_closed(now) {
+            tracing::debug!(changes = changes.len(), "change window closed");
             let seen = self.window_seen.take();
             self.window_closed(changes, seen, now);
         }
@@ -688,6 +694,7 @@ impl State {
     }
 
     fn window_closed(&mut self, changes: BTreeSet<ConfigKey>, seen: Option<Instant>, now: Instant) {
+        tracing::debug!(?changes, "window");
         let mut affected: BTreeMap<WorkloadKey, BTreeSet<ConfigKey>> = BTreeMap::new();
         for change in &changes {
             for w in self.workloads.dependents(change) {

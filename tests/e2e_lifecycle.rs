@@ -182,6 +182,10 @@ async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
 
 #[tokio::test]
 async fn a_replaced_key_rolls_nothing_until_a_real_change() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("confighash=trace,kube=warn")
+        .with_test_writer()
+        .try_init();
     let mut env = Env::start().await;
     shop(&env).await;
     let old = env.stamp(NS, "Deployment", "web").await.unwrap();
@@ -235,22 +239,22 @@ async fn a_killed_leader_is_replaced_and_a_change_rolls_once() {
     Api::<Namespace>::all(env.client.clone())
         .create(
             &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "confighash-system"}})).unwrap(),
+            &serde_json::from_value(json!({"metadata": {"name": "confighash"}})).unwrap(),
         )
         .await
         .unwrap();
     let election = |identity: &str| {
-        let mut config = LeaderConfig::new("confighash-system", identity);
+        let mut config = LeaderConfig::new("confighash", identity);
         config.lease_duration = Duration::from_millis(1500);
         config.renew_deadline = Duration::from_millis(1000);
         config.retry_period = Duration::from_millis(200);
-        leader::spawn(env.client.clone(), config)
+        leader::spawn(env.confighash.clone(), config)
     };
     let (lead_a, elect_a) = election("replica-a");
     let (lead_b, elect_b) = election("replica-b");
     env.start_watcher_with(lead_a.clone());
     let watcher_b = tokio::spawn(watcher::run(
-        env.client.clone(),
+        env.confighash.clone(),
         env.keys.clone(),
         lead_b.clone(),
         Arc::new(Metrics::new()),

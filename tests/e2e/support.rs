@@ -37,9 +37,14 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Where scenarios run.
 pub struct Env {
+    /// The test's own client (cluster admin).
     pub client: kube::Client,
+    /// The client confighash runs with: the ServiceAccount of deploy/, whose RBAC the stand-in
+    /// enforces, so a request the code makes that deploy/ does not allow fails the scenario.
+    pub confighash: kube::Client,
     /// The in-memory API server (None against a real cluster).
     pub api: Option<ApiServer>,
+    /// The running watcher's metrics (the webhook keeps its own).
     pub metrics: Arc<Metrics>,
     pub keys: Arc<KeyStore>,
     webhook: Option<Running>,
@@ -93,6 +98,19 @@ impl Env {
         })
         .await;
         let client = api.client();
+        let rbac = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/base/rbac.yaml"
+        ))
+        .expect("deploy/base/rbac.yaml");
+        api.set_authorizer(Some(
+            apiserver::rbac::Authorizer::from_yaml(&rbac).expect("deploy/ RBAC parses"),
+        ));
+        api.add_token(
+            "confighash-token",
+            apiserver::user::UserInfo::service_account("confighash", "confighash"),
+        );
+        let confighash = kube::Client::try_from(api.config_with_token("confighash-token")).unwrap();
         let certs = TestCerts::generate();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
@@ -101,6 +119,7 @@ impl Env {
         let keys = Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap()));
         let mut env = Env {
             client,
+            confighash,
             api: Some(api),
             metrics,
             keys,
@@ -125,8 +144,10 @@ impl Env {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .expect("a usable kubeconfig");
+        let client = kube::Client::try_from(config).expect("a client");
         Env {
-            client: kube::Client::try_from(config).expect("a client"),
+            confighash: client.clone(),
+            client,
             api: None,
             metrics: Arc::new(Metrics::new()),
             keys: Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
@@ -154,7 +175,7 @@ impl Env {
         let dir = self._dir.as_ref().unwrap().path();
         let store = CertStore::load(dir.join("tls.crt"), dir.join("tls.key")).unwrap();
         let webhook = Arc::new(Webhook {
-            source: Arc::new(KubeSource::new(self.client.clone())),
+            source: Arc::new(KubeSource::new(self.confighash.clone())),
             keys: self.keys.clone(),
             metrics: self.metrics.clone(),
             lookup_deadline,
@@ -252,8 +273,10 @@ impl Env {
 
     pub fn start_watcher_with(&mut self, leadership: Leadership) {
         self.stop_watcher();
+        // Each watcher gets its own metrics, so `wait_synced` never reads an old watcher's.
+        self.metrics = Arc::new(Metrics::new());
         self.watcher = Some(tokio::spawn(watcher::run(
-            self.client.clone(),
+            self.confighash.clone(),
             self.keys.clone(),
             leadership,
             self.metrics.clone(),
@@ -328,6 +351,7 @@ impl Env {
     /// Deployment to roll. Watch events are handled in order, so everything written before the
     /// barrier has been handled by the watcher once it returns (including deciding not to act).
     pub async fn barrier(&self, namespace: &str) {
+        self.wait_synced().await;
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
         if deploys.get_opt("barrier").await.unwrap().is_none() {
@@ -349,6 +373,24 @@ impl Env {
         .unwrap();
         self.wait_rollouts(namespace, "Deployment", "barrier", before + 1)
             .await;
+    }
+
+    /// Polls until the in-process watcher has listed everything (changes made before that are
+    /// left to reconcile, which does not replace foreign stamps). A real cluster is assumed
+    /// synced.
+    pub async fn wait_synced(&self) {
+        if self.watcher.is_none() {
+            return;
+        }
+        let metrics = self.metrics.clone();
+        self.eventually("the watcher's caches to sync", || {
+            let synced = metrics
+                .encode()
+                .lines()
+                .any(|l| l == "confighash_watcher_cache_synced 1");
+            async move { synced }
+        })
+        .await;
     }
 
     /// Creates a namespace, opted in or not.
