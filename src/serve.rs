@@ -166,6 +166,11 @@ async fn serve_tls(
             },
             _ = stopped.changed() => break,
         };
+        // Reviews are small request/response exchanges: Nagle's algorithm would hold replies
+        // back waiting for the client's delayed ACK.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         let builder = builder.clone();

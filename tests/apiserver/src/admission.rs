@@ -832,11 +832,15 @@ async fn post_review(
     }
     let tls = tls_config(client_config.get("caBundle"))?;
     // The server name verified is the URL's host (a DNS name or an IP address SAN).
+    // kube-apiserver's (Go) client sends without Nagle's delay.
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
         .enable_all_versions()
-        .build();
+        .wrap_connector(http);
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
     let request = hyper::Request::post(uri)
         .header(hyper::header::CONTENT_TYPE, "application/json")

@@ -50,12 +50,16 @@ impl HttpsClient {
 
     /// A client with its own rustls configuration (for protocol-version tests).
     pub fn with_config(tls: rustls::ClientConfig) -> Self {
+        // As Go's net/http (kube-apiserver's client) does: no Nagle delay on small requests.
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only()
             .enable_http1()
             .enable_http2()
-            .build();
+            .wrap_connector(http);
         HttpsClient {
             inner: Client::builder(TokioExecutor::new()).build(connector),
         }
