@@ -577,7 +577,22 @@ impl State {
             }
             Input::Namespace(name, state) => match state {
                 Some(true) => {
-                    self.namespaces.insert(name);
+                    if self.namespaces.insert(name.clone()) && self.is_synced() {
+                        // Opted in (or seen) after changes there may have been passed over:
+                        // compare its workloads' stamps a window from now, by reconcile's rules.
+                        let due = now + self.config.debounce;
+                        let keys: Vec<WorkloadKey> = self
+                            .workloads
+                            .iter()
+                            .filter(|(k, _)| k.namespace == name)
+                            .map(|(k, _)| k.clone())
+                            .collect();
+                        for key in keys {
+                            if self.decide(&key, Trigger::Reconcile).is_some() {
+                                self.pending.entry(key).or_default().due.get_or_insert(due);
+                            }
+                        }
+                    }
                 }
                 _ => {
                     self.namespaces.remove(&name);
@@ -635,13 +650,11 @@ impl State {
     /// A referenced object's content changed (or it appeared or went away).
     fn content_changed(&mut self, key: ConfigKey, now: Instant) {
         // Before the first sync every object is new; reconcile compares stamps afterwards.
-        if !self.is_synced()
-            || !self.namespaces.contains(&key.0)
-            || !self.workloads.is_referenced(&key)
-        {
+        // Whether the namespace is opted in is checked when the window closes: its Namespace
+        // event may come later than this change, on another watch.
+        if !self.is_synced() || !self.workloads.is_referenced(&key) {
             tracing::debug!(object = %key.1, namespace = key.0, synced = self.is_synced(),
-                opted_in = self.namespaces.contains(&key.0),
-                referenced = self.workloads.is_referenced(&key), "change not acted on");
+                "change to an object nothing references yet, or before the first sync");
             return;
         }
         self.metrics.change_seen(key.1.kind.as_str());

@@ -182,10 +182,6 @@ async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
 
 #[tokio::test]
 async fn a_replaced_key_rolls_nothing_until_a_real_change() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("confighash=trace,kube=warn")
-        .with_test_writer()
-        .try_init();
     let mut env = Env::start().await;
     shop(&env).await;
     let old = env.stamp(NS, "Deployment", "web").await.unwrap();
