@@ -1275,8 +1275,16 @@ async fn the_code_runs_under_the_deploy_rbac() {
         async move { leading }
     })
     .await;
-    // Renewals (updates) keep it.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Renewals (updates) keep it: wait for two of them, then check it still leads.
+    eventually("two Lease renewals", || {
+        let renewals = server
+            .requests()
+            .iter()
+            .filter(|(verb, resource)| verb == "update" && resource == "leases")
+            .count();
+        async move { renewals >= 2 }
+    })
+    .await;
     assert!(leadership.is_leader(), "renewing the Lease failed");
 
     // --self-signed-certs: the CA and serving pair in their Secret, the CA in the caBundle of
