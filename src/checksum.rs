@@ -164,46 +164,139 @@ pub enum RefState<'a> {
 }
 
 /// Per-key digests of one object: the recipe's inputs without the content.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// The watcher keeps one of these for every ConfigMap and Secret it watches, so they are packed
+/// into a single allocation: per entry, in key order, the key's length (LEB128), the key, the tag
+/// (0 data, 1 binaryData) and the 32-byte digest. Objects have few keys, so lookups scan.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ObjectDigest {
-    entries: BTreeMap<String, (Tag, ValueDigest)>,
+    packed: Box<[u8]>,
 }
 
 impl ObjectDigest {
     /// Builds from already computed digests. A key given twice keeps the last.
     pub fn from_digests(entries: impl IntoIterator<Item = (String, Tag, ValueDigest)>) -> Self {
-        ObjectDigest {
-            entries: entries.into_iter().map(|(k, t, d)| (k, (t, d))).collect(),
+        let sorted: BTreeMap<String, (Tag, ValueDigest)> =
+            entries.into_iter().map(|(k, t, d)| (k, (t, d))).collect();
+        let mut packer = Packer::default();
+        for (k, (t, d)) in &sorted {
+            packer.push(k, *t, d);
         }
+        packer.finish()
     }
 
     /// Hashes every value of a whole object.
     pub fn from_view(view: &ObjectView<'_>) -> Self {
-        let mut entries = BTreeMap::new();
-        view.for_each_entry(&mut |k, t, d| {
-            entries.insert(k.to_owned(), (t, *d));
-        });
-        ObjectDigest { entries }
+        // The view is sorted by key with each key once, as the packed form needs.
+        let mut packer = Packer::default();
+        view.for_each_entry(&mut |k, t, d| packer.push(k, t, d));
+        packer.finish()
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.iter().count()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.packed.is_empty()
+    }
+
+    /// Bytes held on the heap.
+    pub fn heap_size(&self) -> usize {
+        self.packed.len()
+    }
+
+    fn iter(&self) -> PackedEntries<'_> {
+        PackedEntries { rest: &self.packed }
+    }
+}
+
+impl fmt::Debug for ObjectDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(k, t, d)| (k, (t, hex::encode(d)))))
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Packer {
+    buf: Vec<u8>,
+}
+
+impl Packer {
+    fn push(&mut self, key: &str, tag: Tag, digest: &ValueDigest) {
+        let mut len = key.len();
+        while len >= 0x80 {
+            self.buf.push((len & 0x7f) as u8 | 0x80);
+            len >>= 7;
+        }
+        self.buf.push(len as u8);
+        self.buf.extend_from_slice(key.as_bytes());
+        self.buf.push(match tag {
+            Tag::Data => 0,
+            Tag::BinaryData => 1,
+        });
+        self.buf.extend_from_slice(digest);
+    }
+
+    fn finish(self) -> ObjectDigest {
+        ObjectDigest {
+            packed: self.buf.into_boxed_slice(),
+        }
+    }
+}
+
+/// Walks a packed digest. Only [`Packer`] writes the bytes, so they are well formed; a short
+/// read ends the walk rather than panicking.
+struct PackedEntries<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Iterator for PackedEntries<'a> {
+    type Item = (&'a str, Tag, &'a ValueDigest);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut len = 0usize;
+        let mut shift = 0;
+        let mut i = 0;
+        loop {
+            let b = *self.rest.get(i)?;
+            i += 1;
+            len |= usize::from(b & 0x7f).checked_shl(shift)?;
+            if b & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        let rest = &self.rest[i..];
+        let key = std::str::from_utf8(rest.get(..len)?).ok()?;
+        let tag = match *rest.get(len)? {
+            0 => Tag::Data,
+            _ => Tag::BinaryData,
+        };
+        let digest: &ValueDigest = rest.get(len + 1..len + 33)?.try_into().ok()?;
+        self.rest = &rest[len + 33..];
+        Some((key, tag, digest))
     }
 }
 
 impl Entries for ObjectDigest {
     fn for_each_entry(&self, f: &mut dyn FnMut(&str, Tag, &ValueDigest)) {
-        for (k, (t, d)) in &self.entries {
-            f(k, *t, d);
+        for (k, t, d) in self.iter() {
+            f(k, t, d);
         }
     }
 
     fn entry(&self, key: &str) -> Option<(Tag, ValueDigest)> {
-        self.entries.get(key).copied()
+        for (k, t, d) in self.iter() {
+            match k.cmp(key) {
+                std::cmp::Ordering::Less => continue,
+                std::cmp::Ordering::Equal => return Some((t, *d)),
+                std::cmp::Ordering::Greater => return None,
+            }
+        }
+        None
     }
 }
 
@@ -362,4 +455,75 @@ pub fn compute_stamp<'s>(
         key_id(key),
         hex::encode(digest)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest_of(s: &str) -> ValueDigest {
+        Sha256::digest(s.as_bytes()).into()
+    }
+
+    #[test]
+    fn packed_digest_keeps_keys_of_every_length_in_order() {
+        // Lengths around the one- and two-byte LEB128 boundaries, and an empty key.
+        let keys: Vec<String> = [0usize, 1, 127, 128, 300, 16_384]
+            .iter()
+            .map(|n| "k".repeat(*n))
+            .collect();
+        let digest = ObjectDigest::from_digests(keys.iter().enumerate().map(|(i, k)| {
+            let tag = if i % 2 == 0 {
+                Tag::Data
+            } else {
+                Tag::BinaryData
+            };
+            (k.clone(), tag, digest_of(k))
+        }));
+        assert_eq!(digest.len(), keys.len());
+        let mut seen = Vec::new();
+        digest.for_each_entry(&mut |k, t, d| seen.push((k.to_owned(), t, *d)));
+        let mut expected: Vec<(String, Tag, ValueDigest)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let tag = if i % 2 == 0 {
+                    Tag::Data
+                } else {
+                    Tag::BinaryData
+                };
+                (k.clone(), tag, digest_of(k))
+            })
+            .collect();
+        expected.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(seen, expected);
+        for (k, t, d) in &expected {
+            assert_eq!(digest.entry(k), Some((*t, *d)), "key of length {}", k.len());
+        }
+        assert_eq!(digest.entry("kk-not-there"), None);
+        assert_eq!(digest.entry("z"), None);
+    }
+
+    #[test]
+    fn packed_digest_of_nothing_is_empty_and_allocates_nothing() {
+        let digest = ObjectDigest::from_digests(std::iter::empty());
+        assert!(digest.is_empty());
+        assert_eq!(digest.len(), 0);
+        assert_eq!(digest.heap_size(), 0);
+        assert_eq!(digest.entry(""), None);
+    }
+
+    #[test]
+    fn packed_digest_stores_non_ascii_keys_by_byte_order() {
+        let digest = ObjectDigest::from_digests([
+            ("é".to_owned(), Tag::Data, digest_of("1")),
+            ("z".to_owned(), Tag::Data, digest_of("2")),
+            ("a".to_owned(), Tag::BinaryData, digest_of("3")),
+        ]);
+        let mut order = Vec::new();
+        digest.for_each_entry(&mut |k, _, _| order.push(k.to_owned()));
+        assert_eq!(order, ["a", "z", "é"]);
+        assert_eq!(digest.entry("é"), Some((Tag::Data, digest_of("1"))));
+        assert_eq!(digest.entry("a"), Some((Tag::BinaryData, digest_of("3"))));
+    }
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::Value;
 
 use crate::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey};
-use crate::refs::{ObjectRef, References};
+use crate::refs::{ObjectKind, ObjectRef, References};
 use crate::rules::Lookup;
 use crate::workload::{self, Analysis, WorkloadKind};
 
@@ -21,7 +21,7 @@ pub type ConfigKey = (String, ObjectRef);
 /// What the watcher keeps of one ConfigMap or Secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredConfig {
-    pub resource_version: String,
+    pub resource_version: Box<str>,
     pub ignored: bool,
     pub digest: ObjectDigest,
 }
@@ -29,7 +29,7 @@ pub struct StoredConfig {
 impl StoredConfig {
     pub fn from_config_map(cm: &ConfigMap) -> Result<Self, RecipeError> {
         Ok(StoredConfig {
-            resource_version: cm.metadata.resource_version.clone().unwrap_or_default(),
+            resource_version: resource_version(cm.metadata.resource_version.as_deref()),
             ignored: checksum::is_ignored(cm.metadata.annotations.as_ref()),
             digest: ObjectDigest::from_view(&ObjectView::config_map(cm)?),
         })
@@ -37,7 +37,7 @@ impl StoredConfig {
 
     pub fn from_secret(secret: &Secret) -> Self {
         StoredConfig {
-            resource_version: secret.metadata.resource_version.clone().unwrap_or_default(),
+            resource_version: resource_version(secret.metadata.resource_version.as_deref()),
             ignored: checksum::is_ignored(secret.metadata.annotations.as_ref()),
             digest: ObjectDigest::from_view(&ObjectView::secret(secret)),
         }
@@ -49,27 +49,34 @@ impl StoredConfig {
     }
 }
 
-/// The digests of every watched ConfigMap and Secret.
+fn resource_version(rv: Option<&str>) -> Box<str> {
+    rv.unwrap_or_default().into()
+}
+
+/// The digests of every watched ConfigMap and Secret, by namespace.
 #[derive(Debug, Default)]
 pub struct ConfigStore {
-    objects: HashMap<ConfigKey, StoredConfig>,
+    namespaces: HashMap<String, HashMap<ObjectRef, StoredConfig>>,
+    config_maps: usize,
+    secrets: usize,
 }
 
 impl ConfigStore {
     /// Records an object's state. True when the recipe's inputs changed: a new object, new
     /// content, or the ignore annotation added or removed (metadata-only writes are false).
     pub fn upsert(&mut self, key: ConfigKey, config: StoredConfig) -> bool {
-        match self.objects.get_mut(&key) {
-            Some(old) if old.same_inputs(&config) => {
-                old.resource_version = config.resource_version;
-                false
-            }
+        let (namespace, object) = key;
+        let kind = object.kind;
+        let objects = self.namespaces.entry(namespace).or_default();
+        match objects.get_mut(&object) {
             Some(old) => {
+                let changed = !old.same_inputs(&config);
                 *old = config;
-                true
+                changed
             }
             None => {
-                self.objects.insert(key, config);
+                objects.insert(object, config);
+                *self.count_mut(kind) += 1;
                 true
             }
         }
@@ -77,17 +84,27 @@ impl ConfigStore {
 
     /// Forgets an object. True when it was known.
     pub fn remove(&mut self, key: &ConfigKey) -> bool {
-        self.objects.remove(key).is_some()
+        let (namespace, object) = key;
+        let Some(objects) = self.namespaces.get_mut(namespace) else {
+            return false;
+        };
+        let removed = objects.remove(object).is_some();
+        if objects.is_empty() {
+            self.namespaces.remove(namespace);
+        }
+        if removed {
+            *self.count_mut(object.kind) -= 1;
+        }
+        removed
     }
 
     pub fn get(&self, key: &ConfigKey) -> Option<&StoredConfig> {
-        self.objects.get(key)
+        self.namespaces.get(&key.0)?.get(&key.1)
     }
 
     /// What the recipe sees of an object.
     pub fn state(&self, namespace: &str, object: &ObjectRef) -> RefState<'_> {
-        // Lookups by a borrowed pair would need a second map; one clone of a short name is cheap.
-        match self.objects.get(&(namespace.to_owned(), object.clone())) {
+        match self.namespaces.get(namespace).and_then(|o| o.get(object)) {
             None => RefState::Absent,
             Some(c) if c.ignored => RefState::Ignored,
             Some(c) => RefState::Present(&c.digest),
@@ -95,21 +112,45 @@ impl ConfigStore {
     }
 
     /// Every object's key, for re-list comparisons.
-    pub fn keys(&self) -> impl Iterator<Item = &ConfigKey> {
-        self.objects.keys()
+    pub fn keys(&self) -> impl Iterator<Item = (&str, &ObjectRef)> {
+        self.namespaces
+            .iter()
+            .flat_map(|(ns, objects)| objects.keys().map(move |o| (ns.as_str(), o)))
     }
 
     /// Drops every object of a namespace (opted out, or deleted).
     pub fn remove_namespace(&mut self, namespace: &str) {
-        self.objects.retain(|(ns, _), _| ns != namespace);
+        for object in self.namespaces.remove(namespace).into_iter().flatten() {
+            *self.count_mut(object.0.kind) -= 1;
+        }
+    }
+
+    /// Whether anything of this namespace is kept.
+    pub fn has_namespace(&self, namespace: &str) -> bool {
+        self.namespaces.contains_key(namespace)
+    }
+
+    /// How many objects of a kind are kept.
+    pub fn count(&self, kind: ObjectKind) -> usize {
+        match kind {
+            ObjectKind::ConfigMap => self.config_maps,
+            ObjectKind::Secret => self.secrets,
+        }
+    }
+
+    fn count_mut(&mut self, kind: ObjectKind) -> &mut usize {
+        match kind {
+            ObjectKind::ConfigMap => &mut self.config_maps,
+            ObjectKind::Secret => &mut self.secrets,
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.objects.len()
+        self.config_maps + self.secrets
     }
 
     pub fn is_empty(&self) -> bool {
-        self.objects.is_empty()
+        self.len() == 0
     }
 
     /// The rules' view of a workload's references: its expected stamp and whether a required

@@ -5,13 +5,15 @@
 //! the workload index, the change window, the pacer); touches run as their own tasks and report
 //! back. Only the leader touches; every replica watches, so a new leader starts with warm caches.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
@@ -80,11 +82,28 @@ enum Input {
     ConfigRelist(ObjectKind, HashSet<ConfigKey>),
     Namespace(String, Option<bool>),
     NamespaceRelist(HashSet<String>),
+    /// The ConfigMaps and Secrets of a namespace that opted in after they were left out.
+    Backfill {
+        namespace: String,
+        generation: u64,
+        objects: Vec<(ConfigKey, StoredConfig)>,
+    },
     Workload(WorkloadKey, Option<WorkloadEntry>),
     WorkloadRelist(WorkloadKind, HashSet<WorkloadKey>),
     Synced(Stream),
     /// A touch that did not take: try again at this time, for the same changes.
     Retry(WorkloadKey, Instant, Pending),
+}
+
+/// A namespace's objects being listed after it opted in.
+#[derive(Debug, Default)]
+struct Backfill {
+    generation: u64,
+    /// Objects the watches reported since the opt-in: what they said is at least as new as the
+    /// list, so the list does not overwrite them.
+    seen: HashSet<ConfigKey>,
+    /// Changes whose window closed during the list, decided once it is in.
+    deferred: BTreeSet<ConfigKey>,
 }
 
 /// The watch streams whose first list must finish before reconcile.
@@ -459,7 +478,13 @@ struct State {
     tx: mpsc::Sender<Input>,
     configs: ConfigStore,
     workloads: WorkloadIndex,
+    /// Namespaces opted in.
     namespaces: HashSet<String>,
+    /// Namespaces known not to be opted in: their ConfigMaps and Secrets are not kept.
+    excluded: HashSet<String>,
+    /// Namespaces that opted in after being excluded, while their objects are listed.
+    backfills: HashMap<String, Backfill>,
+    backfill_generation: u64,
     window: ChangeWindow<ConfigKey>,
     window_seen: Option<Instant>,
     pacer: Pacer<WorkloadKey>,
@@ -500,6 +525,9 @@ impl State {
             configs: ConfigStore::default(),
             workloads: WorkloadIndex::default(),
             namespaces: HashSet::new(),
+            excluded: HashSet::new(),
+            backfills: HashMap::new(),
+            backfill_generation: 0,
             window_seen: None,
             pending: BTreeMap::new(),
             synced: HashSet::new(),
@@ -553,12 +581,19 @@ impl State {
     fn handle(&mut self, input: Input, now: Instant) {
         match input {
             Input::Config(key, state) => {
+                if self.excluded.contains(&key.0) {
+                    // Not opted in: nothing of it is kept (DESIGN: filtered in memory).
+                    return;
+                }
+                if let Some(backfill) = self.backfills.get_mut(&key.0) {
+                    backfill.seen.insert(key.clone());
+                }
                 let changed = match state {
                     Some(s) => self.configs.upsert(key.clone(), s),
                     None => self.configs.remove(&key),
                 };
                 self.metrics
-                    .set_watched(key.1.kind.as_str(), self.count_configs(key.1.kind));
+                    .set_watched(key.1.kind.as_str(), self.configs.count(key.1.kind));
                 if changed {
                     self.content_changed(key, now);
                 }
@@ -567,8 +602,9 @@ impl State {
                 let gone: Vec<ConfigKey> = self
                     .configs
                     .keys()
-                    .filter(|k| k.1.kind == kind && !seen.contains(*k))
-                    .cloned()
+                    .filter(|(_, r)| r.kind == kind)
+                    .map(|(ns, r)| (ns.to_owned(), r.clone()))
+                    .filter(|k| !seen.contains(k))
                     .collect();
                 for key in gone {
                     self.configs.remove(&key);
@@ -577,28 +613,66 @@ impl State {
             }
             Input::Namespace(name, state) => match state {
                 Some(true) => {
-                    if self.namespaces.insert(name.clone()) && self.is_synced() {
-                        // Opted in (or seen) after changes there may have been passed over:
-                        // compare its workloads' stamps a window from now, by reconcile's rules.
-                        let due = now + self.config.debounce;
-                        let keys: Vec<WorkloadKey> = self
-                            .workloads
-                            .iter()
-                            .filter(|(k, _)| k.namespace == name)
-                            .map(|(k, _)| k.clone())
-                            .collect();
-                        for key in keys {
-                            if self.decide(&key, Trigger::Reconcile).is_some() {
-                                self.pending.entry(key).or_default().due.get_or_insert(due);
-                            }
-                        }
+                    let was_excluded = self.excluded.remove(&name);
+                    if !self.namespaces.insert(name.clone()) {
+                        return;
+                    }
+                    if was_excluded {
+                        // Its objects were left out: list them; compare once they are in.
+                        self.start_backfill(name);
+                    } else if self.is_synced() {
+                        self.compare_namespace(&name, now);
                     }
                 }
-                _ => {
+                Some(false) => {
                     self.namespaces.remove(&name);
+                    self.backfills.remove(&name);
+                    self.configs.remove_namespace(&name);
+                    self.excluded.insert(name);
+                    self.count_all_configs();
+                }
+                None => {
+                    // Deleted: its objects' own deletions follow on their watches.
+                    self.namespaces.remove(&name);
+                    self.backfills.remove(&name);
+                    self.excluded.remove(&name);
                 }
             },
-            Input::NamespaceRelist(seen) => self.namespaces.retain(|n| seen.contains(n)),
+            Input::NamespaceRelist(seen) => {
+                self.namespaces.retain(|n| seen.contains(n));
+                self.excluded.retain(|n| seen.contains(n));
+                self.backfills.retain(|n, _| seen.contains(n));
+            }
+            Input::Backfill {
+                namespace,
+                generation,
+                objects,
+            } => {
+                if self
+                    .backfills
+                    .get(&namespace)
+                    .is_none_or(|b| b.generation != generation)
+                {
+                    return; // Opted out (or in again) since it started.
+                }
+                let Some(backfill) = self.backfills.remove(&namespace) else {
+                    return;
+                };
+                tracing::debug!(namespace, objects = objects.len(), "namespace listed");
+                for (key, stored) in objects {
+                    // What a watch reported since the opt-in is at least as new as the list.
+                    if !backfill.seen.contains(&key) {
+                        self.configs.upsert(key, stored);
+                    }
+                }
+                self.count_all_configs();
+                if self.is_synced() {
+                    if !backfill.deferred.is_empty() {
+                        self.window_closed(backfill.deferred, None, now);
+                    }
+                    self.compare_namespace(&namespace, now);
+                }
+            }
             Input::Workload(key, entry) => match entry {
                 Some(entry) => {
                     self.workloads.upsert(key.clone(), entry);
@@ -643,8 +717,50 @@ impl State {
         }
     }
 
-    fn count_configs(&self, kind: ObjectKind) -> usize {
-        self.configs.keys().filter(|k| k.1.kind == kind).count()
+    fn count_all_configs(&self) {
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            self.metrics
+                .set_watched(kind.as_str(), self.configs.count(kind));
+        }
+    }
+
+    /// Lists the ConfigMaps and Secrets of a namespace that opted in after they were left out.
+    /// Until the list is in, its workloads are not decided on: their digests are incomplete.
+    fn start_backfill(&mut self, namespace: String) {
+        self.backfill_generation += 1;
+        let generation = self.backfill_generation;
+        self.backfills.insert(
+            namespace.clone(),
+            Backfill {
+                generation,
+                ..Backfill::default()
+            },
+        );
+        tokio::spawn(backfill(
+            self.client.clone(),
+            self.tx.clone(),
+            namespace,
+            generation,
+            self.config.page_size,
+            self.config.retry_base,
+        ));
+    }
+
+    /// Compares a namespace's workloads' stamps a window from now, by reconcile's rules: it
+    /// opted in (or was seen) after changes there may have been passed over.
+    fn compare_namespace(&mut self, namespace: &str, now: Instant) {
+        let due = now + self.config.debounce;
+        let keys: Vec<WorkloadKey> = self
+            .workloads
+            .iter()
+            .filter(|(k, _)| k.namespace == namespace)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            if self.decide(&key, Trigger::Reconcile).is_some() {
+                self.pending.entry(key).or_default().due.get_or_insert(due);
+            }
+        }
     }
 
     /// A referenced object's content changed (or it appeared or went away).
@@ -682,7 +798,8 @@ impl State {
     /// Decides the stamp a workload should carry now, by the shared rules.
     fn decide(&self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
         let entry = self.workloads.get(key)?;
-        if !self.namespaces.contains(&key.namespace) {
+        if !self.namespaces.contains(&key.namespace) || self.backfills.contains_key(&key.namespace)
+        {
             return None;
         }
         let stamp_key = self.keys.current();
@@ -718,6 +835,11 @@ impl State {
             }
         }
         for (workload, why) in affected {
+            if let Some(backfill) = self.backfills.get_mut(&workload.namespace) {
+                // Decided once the namespace's objects are all in.
+                backfill.deferred.extend(why);
+                continue;
+            }
             if self.decide(&workload, Trigger::ConfigChange).is_none() {
                 continue;
             }
@@ -841,6 +963,80 @@ impl State {
                 }
             }
         });
+    }
+}
+
+/// Lists a namespace's ConfigMaps and Secrets (small pages), retrying with backoff until it
+/// succeeds or the watcher is gone.
+async fn backfill(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    namespace: String,
+    generation: u64,
+    page_size: u32,
+    retry_base: Duration,
+) {
+    let mut delay = retry_base;
+    loop {
+        let mut objects = Vec::new();
+        let listed = async {
+            list_namespace::<ConfigMap>(&client, &namespace, page_size, None, &mut objects).await?;
+            list_namespace::<Secret>(
+                &client,
+                &namespace,
+                page_size,
+                Some(SECRET_FIELD_SELECTOR),
+                &mut objects,
+            )
+            .await
+        }
+        .await;
+        match listed {
+            Ok(()) => {
+                let _ = tx
+                    .send(Input::Backfill {
+                        namespace,
+                        generation,
+                        objects,
+                    })
+                    .await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(namespace, error = %e, "listing an opted-in namespace failed; retrying");
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+async fn list_namespace<K: ConfigObject>(
+    client: &kube::Client,
+    namespace: &str,
+    page_size: u32,
+    fields: Option<&str>,
+    out: &mut Vec<(ConfigKey, StoredConfig)>,
+) -> Result<(), kube::Error> {
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let mut params = ListParams::default().limit(page_size);
+    if let Some(f) = fields {
+        params = params.fields(f);
+    }
+    loop {
+        let page = api.list(&params).await?;
+        for obj in &page.items {
+            if let (Some(key), Some(stored)) = (config_key(obj, K::KIND), obj.stored()) {
+                out.push((key, stored));
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(()),
+        }
     }
 }
 

@@ -9,7 +9,7 @@ mod support;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{Env, Setup, WINDOW};
@@ -485,4 +485,94 @@ async fn a_shared_config_map_rolls_exactly_its_users() {
         "c does not use the shared ConfigMap"
     );
     assert_eq!(env.stamp("s12", "Deployment", "c").await, c_first);
+}
+
+/// Sets or removes a namespace's opt-in label.
+async fn opt_in(env: &Env, namespace: &str, opted_in: bool) {
+    let value = if opted_in { json!("true") } else { json!(null) };
+    Api::<Namespace>::all(env.client.clone())
+        .patch(
+            namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": value}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until the in-process watcher keeps exactly `n` ConfigMaps: it keeps only those of
+/// opted-in namespaces (against a real cluster this cannot be observed and is skipped).
+async fn wait_kept_config_maps(env: &Env, n: usize) {
+    if !env.is_stand_in() {
+        return;
+    }
+    let line = format!("confighash_watched_objects{{kind=\"ConfigMap\"}} {n}");
+    let metrics = env.metrics.clone();
+    env.eventually(&format!("the watcher to keep {n} ConfigMaps"), || {
+        let found = metrics.encode().lines().any(|l| l == line);
+        async move { found }
+    })
+    .await;
+}
+
+// 13.
+#[tokio::test]
+async fn a_namespace_opted_in_later_rolls_on_its_next_change_with_every_reference() {
+    let env = Env::start().await;
+    env.namespace("late", false).await;
+    env.namespace("s13", true).await;
+    env.config_map("late", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.secret("late", "db", &[("password", "one")]).await;
+    let refs = [("envFrom", "app-env"), ("secretKey", "db/password")];
+    env.deployment("late", "web", &refs).await;
+    assert_eq!(env.stamp("late", "Deployment", "web").await, None);
+    env.barrier("s13").await;
+    // The barrier's ConfigMap is the only one kept: "late" is known not to be opted in, so its
+    // objects are left out, and opting in has to list them.
+    wait_kept_config_maps(&env, 1).await;
+
+    opt_in(&env, "late", true).await;
+    env.barrier("late").await;
+    env.config_map("late", "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.wait_rollouts("late", "Deployment", "web", 1).await;
+    env.barrier("late").await;
+    assert_eq!(env.rollouts("late", "Deployment", "web").await, 1);
+    // The stamp covers the Secret too, which changed nowhere since the opt-in.
+    assert_eq!(
+        env.stamp("late", "Deployment", "web").await.unwrap(),
+        twin_stamp(&env, "late", "twin", &refs).await
+    );
+}
+
+// 14.
+#[tokio::test]
+async fn a_change_made_while_a_namespace_was_opted_out_rolls_once_when_it_opts_back_in() {
+    let env = Env::start().await;
+    env.namespace("s14", true).await;
+    env.namespace("s14-other", true).await;
+    env.config_map("s14", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.secret("s14", "db", &[("password", "one")]).await;
+    let refs = [("envFrom", "app-env"), ("secretEnvFrom", "db")];
+    env.deployment("s14", "web", &refs).await;
+    let first = env.stamp("s14", "Deployment", "web").await.unwrap();
+    env.barrier("s14").await;
+
+    opt_in(&env, "s14", false).await;
+    env.barrier("s14-other").await;
+    wait_kept_config_maps(&env, 1).await; // s14-other's barrier only
+    env.config_map("s14", "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.barrier("s14-other").await;
+    assert_eq!(env.rollouts("s14", "Deployment", "web").await, 0);
+
+    opt_in(&env, "s14", true).await;
+    env.wait_rollouts("s14", "Deployment", "web", 1).await;
+    env.barrier("s14").await;
+    assert_eq!(env.rollouts("s14", "Deployment", "web").await, 1);
+    let last = env.stamp("s14", "Deployment", "web").await.unwrap();
+    assert_ne!(last, first);
+    assert_eq!(last, twin_stamp(&env, "s14", "twin", &refs).await);
 }
