@@ -5,7 +5,7 @@
 //! SHA-256 per key, the ignore flag, the resourceVersion), never the content, so memory does not
 //! grow with the size of Secrets and ConfigMaps.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::Value;
@@ -260,21 +260,29 @@ impl WorkloadEntry {
 }
 
 /// Every watched workload and the reverse index reference -> workloads.
+///
+/// References are same-namespace, so the reverse index is kept per namespace and names each
+/// dependent by kind and name only, in a sorted vector (most objects have one or two users).
 #[derive(Debug, Default)]
 pub struct WorkloadIndex {
     workloads: HashMap<WorkloadKey, WorkloadEntry>,
-    reverse: HashMap<ConfigKey, BTreeSet<WorkloadKey>>,
+    reverse: HashMap<String, HashMap<ObjectRef, Vec<(WorkloadKindKey, String)>>>,
 }
 
 impl WorkloadIndex {
     /// Records a workload, replacing what was known of it.
-    pub fn upsert(&mut self, key: WorkloadKey, entry: WorkloadEntry) {
+    pub fn upsert(&mut self, key: WorkloadKey, mut entry: WorkloadEntry) {
         self.unlink(&key);
-        for (r, _) in entry.refs.iter() {
-            self.reverse
-                .entry((key.namespace.clone(), r.clone()))
-                .or_default()
-                .insert(key.clone());
+        entry.refs.shrink_to_fit();
+        if !entry.refs.is_empty() {
+            let objects = self.reverse.entry(key.namespace.clone()).or_default();
+            let dependent = (key.kind, key.name.clone());
+            for (r, _) in entry.refs.iter() {
+                let users = objects.entry(r.clone()).or_default();
+                if let Err(i) = users.binary_search(&dependent) {
+                    users.insert(i, dependent.clone());
+                }
+            }
         }
         self.workloads.insert(key, entry);
     }
@@ -289,14 +297,22 @@ impl WorkloadIndex {
         let Some(old) = self.workloads.get(key) else {
             return;
         };
+        let Some(objects) = self.reverse.get_mut(&key.namespace) else {
+            return;
+        };
+        let dependent = (key.kind, key.name.clone());
         for (r, _) in old.refs.iter() {
-            let config = (key.namespace.clone(), r.clone());
-            if let Some(set) = self.reverse.get_mut(&config) {
-                set.remove(key);
-                if set.is_empty() {
-                    self.reverse.remove(&config);
+            if let Some(users) = objects.get_mut(r) {
+                if let Ok(i) = users.binary_search(&dependent) {
+                    users.remove(i);
+                }
+                if users.is_empty() {
+                    objects.remove(r);
                 }
             }
+        }
+        if objects.is_empty() {
+            self.reverse.remove(&key.namespace);
         }
     }
 
@@ -308,14 +324,29 @@ impl WorkloadIndex {
         self.workloads.get_mut(key)
     }
 
-    /// The workloads that reference an object.
-    pub fn dependents(&self, config: &ConfigKey) -> impl Iterator<Item = &WorkloadKey> {
-        self.reverse.get(config).into_iter().flatten()
+    /// The workloads that reference an object, in order.
+    pub fn dependents<'a>(
+        &'a self,
+        config: &'a ConfigKey,
+    ) -> impl Iterator<Item = WorkloadKey> + 'a {
+        let (namespace, object) = config;
+        self.reverse
+            .get(namespace)
+            .and_then(|objects| objects.get(object))
+            .into_iter()
+            .flatten()
+            .map(move |(kind, name)| WorkloadKey {
+                kind: *kind,
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
     }
 
-    /// Whether any workload references the object (only those are worth keeping digests for).
+    /// Whether any workload references the object.
     pub fn is_referenced(&self, config: &ConfigKey) -> bool {
-        self.reverse.contains_key(config)
+        self.reverse
+            .get(&config.0)
+            .is_some_and(|objects| objects.contains_key(&config.1))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&WorkloadKey, &WorkloadEntry)> {

@@ -86,9 +86,12 @@ pub struct RefSpec {
 }
 
 /// Every object a workload references, merged per object, in recipe order.
+///
+/// A sorted vector rather than a map: workloads reference a handful of objects, and the watcher
+/// keeps one of these per workload.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct References {
-    refs: BTreeMap<ObjectRef, RefSpec>,
+    refs: Vec<(ObjectRef, RefSpec)>,
     rejected: Vec<ObjectRef>,
 }
 
@@ -99,29 +102,35 @@ impl References {
         if name.is_empty() {
             return;
         }
-        match self.refs.get_mut(&ObjectRef::new(kind, name)) {
-            Some(spec) => {
+        let found = self
+            .refs
+            .binary_search_by(|(r, _)| (r.kind, r.name.as_str()).cmp(&(kind, name)));
+        match found {
+            Ok(i) => {
+                let spec = &mut self.refs[i].1;
                 spec.selection.merge(selection);
                 spec.optional &= optional;
             }
-            None => {
-                self.refs.insert(
+            Err(i) => self.refs.insert(
+                i,
+                (
                     ObjectRef::new(kind, name),
                     RefSpec {
                         selection,
                         optional,
                     },
-                );
-            }
+                ),
+            ),
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&ObjectRef, &RefSpec)> {
-        self.refs.iter()
+        self.refs.iter().map(|(r, spec)| (r, spec))
     }
 
     pub fn get(&self, obj: &ObjectRef) -> Option<&RefSpec> {
-        self.refs.get(obj)
+        let i = self.refs.binary_search_by(|(r, _)| r.cmp(obj)).ok()?;
+        Some(&self.refs[i].1)
     }
 
     pub fn len(&self) -> usize {
@@ -130,6 +139,12 @@ impl References {
 
     pub fn is_empty(&self) -> bool {
         self.refs.is_empty()
+    }
+
+    /// Gives back spare capacity, for references kept a long time.
+    pub fn shrink_to_fit(&mut self) {
+        self.refs.shrink_to_fit();
+        self.rejected.shrink_to_fit();
     }
 
     /// Names in the extra-reference annotations that are not valid object names, left out.

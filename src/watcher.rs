@@ -828,10 +828,7 @@ impl State {
         let mut affected: BTreeMap<WorkloadKey, BTreeSet<ConfigKey>> = BTreeMap::new();
         for change in &changes {
             for w in self.workloads.dependents(change) {
-                affected
-                    .entry(w.clone())
-                    .or_default()
-                    .insert(change.clone());
+                affected.entry(w).or_default().insert(change.clone());
             }
         }
         for (workload, why) in affected {

@@ -249,7 +249,7 @@ fn the_reverse_index_follows_references_as_they_change() {
     let dependents = |index: &WorkloadIndex, name: &str| -> Vec<String> {
         index
             .dependents(&cm_key("shop", name))
-            .map(|k| k.name.clone())
+            .map(|k| k.name)
             .collect()
     };
     assert_eq!(dependents(&index, "shared"), ["api", "web"]);
