@@ -12,6 +12,7 @@ pub mod index;
 pub mod key;
 pub mod leader;
 pub mod lookup;
+pub mod memory;
 pub mod metrics;
 pub mod offline;
 pub mod pace;

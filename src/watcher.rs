@@ -666,6 +666,7 @@ impl State {
                     }
                 }
                 self.count_all_configs();
+                crate::memory::release_free_heap();
                 if self.is_synced() {
                     if !backfill.deferred.is_empty() {
                         self.window_closed(backfill.deferred, None, now);
@@ -700,6 +701,10 @@ impl State {
                     .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
             }
             Input::Synced(stream) => {
+                if matches!(stream, Stream::ConfigMaps | Stream::Secrets) {
+                    // A whole list of the cluster's config passed through; only digests stay.
+                    crate::memory::release_free_heap();
+                }
                 self.synced.insert(stream);
                 tracing::debug!(?stream, synced = self.synced.len(), of = STREAMS, "listed");
                 self.metrics.set_synced(self.is_synced());
