@@ -5,17 +5,20 @@
 //! allowed: confighash mutates, it never blocks a deploy.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Version, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use axum::{Extension, Router};
 use base64::Engine;
+use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::key::KeyStore;
 use crate::lookup::{self, ConfigSource};
@@ -29,6 +32,68 @@ use crate::workload::{self, Analysis, WorkloadKind};
 pub const MAX_BODY: usize = 7 * 1024 * 1024;
 
 const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+
+/// A review must be received and answered within this from its request head, by default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Memory reviews may hold at once, all connections together, by default: room for four of the
+/// largest reviews, or thousands of ordinary ones (a few KiB each).
+pub const DEFAULT_REVIEW_MEMORY: usize = 64 * 1024 * 1024;
+/// The least memory budget: one largest review made of few values (its buffer and its parsed
+/// copy), with room to spare.
+pub const MIN_REVIEW_MEMORY: usize = 2 * MAX_BODY + 1024 * 1024;
+/// What every review counts against the memory budget besides its body: its head (at most 16 KiB
+/// on HTTP/2, 64 KiB on HTTP/1.1, usually well under 1 KiB) and its state. It bounds how many
+/// reviews are held at once.
+pub const REVIEW_ALLOWANCE: usize = 16 * 1024;
+
+/// What one counted JSON value (see `parse_cost`) takes at most once parsed, with its share of
+/// the maps and vectors around it. Measured peaks: 72 bytes per value for an array of numbers,
+/// 74 for an object of numbers, 163 to 173 for an array of one-member objects (the worst shape
+/// found: an ordered map is large for one member). So a 7 MiB review can take over 400 MiB parsed;
+/// ordinary reviews count about 20 bytes of JSON per value.
+pub const PARSED_VALUE_COST: usize = 192;
+
+/// Bounds on every review of one server, shared by all its connections: a time limit, and one
+/// memory budget. A review holds, from its head until it is answered, an allowance
+/// ([`REVIEW_ALLOWANCE`]), its body buffer as it grows, and, once the body is in, what parsing it
+/// may take ([`PARSED_VALUE_COST`]); a review that finds no room gets 503 at once, one that could
+/// never fit gets 413.
+#[derive(Debug, Clone)]
+pub struct ReviewLimits {
+    timeout: Duration,
+    memory: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl Default for ReviewLimits {
+    fn default() -> Self {
+        ReviewLimits::new(DEFAULT_REQUEST_TIMEOUT, DEFAULT_REVIEW_MEMORY)
+    }
+}
+
+impl ReviewLimits {
+    /// Reviews must be received and answered within `timeout`, and hold at most `memory` bytes at
+    /// once (at least [`MIN_REVIEW_MEMORY`]).
+    pub fn new(timeout: Duration, memory: usize) -> Self {
+        let capacity = memory.clamp(MIN_REVIEW_MEMORY, Semaphore::MAX_PERMITS);
+        ReviewLimits {
+            timeout,
+            memory: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        }
+    }
+
+    /// Bytes of the memory budget held by reviews now.
+    pub fn memory_in_use(&self) -> usize {
+        self.capacity - self.memory.available_permits()
+    }
+
+    /// Takes `bytes` of the budget at once, or none if that much is not free.
+    fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let bytes = u32::try_from(bytes).ok()?;
+        self.memory.clone().try_acquire_many_owned(bytes).ok()
+    }
+}
 
 /// What the webhook needs to answer reviews.
 pub struct Webhook {
@@ -75,7 +140,7 @@ struct Request {
     old_object: Option<Value>,
 }
 
-/// A review that cannot be answered: 400 (or 413) with a JSON message.
+/// A review that cannot be answered: 400 (or 413, 503) with a JSON message.
 #[derive(Debug)]
 pub struct BadRequest {
     status: StatusCode,
@@ -87,6 +152,13 @@ impl BadRequest {
         BadRequest {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
+        }
+    }
+
+    fn busy() -> Self {
+        BadRequest {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "the webhook holds as many reviews in memory as it may; try again".into(),
         }
     }
 }
@@ -101,9 +173,14 @@ fn error_response(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({"error": message}))).into_response()
 }
 
-/// The webhook's router: `POST /mutate`; 404 elsewhere, 405 for other methods; a panic in a
-/// handler becomes a 500, not a dead task.
+/// The webhook's router with the default [`ReviewLimits`]: `POST /mutate`; 404 elsewhere, 405 for
+/// other methods; a panic in a handler becomes a 500, not a dead task.
 pub fn router(webhook: Arc<Webhook>) -> Router {
+    router_with(webhook, ReviewLimits::default())
+}
+
+/// The webhook's router, each review within `limits`.
+pub fn router_with(webhook: Arc<Webhook>, limits: ReviewLimits) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .method_not_allowed_fallback(|| async {
@@ -118,6 +195,7 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
                 "not found; reviews go to POST /mutate",
             )
         })
+        .layer(Extension(limits))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(|_| {
             error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal error")
         }))
@@ -126,30 +204,129 @@ pub fn router(webhook: Arc<Webhook>) -> Router {
 
 async fn mutate(
     State(webhook): State<Arc<Webhook>>,
-    headers: axum::http::HeaderMap,
+    Extension(limits): Extension<ReviewLimits>,
+    version: Version,
+    headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let response = match read_body(&headers, body).await {
-        Ok(bytes) => match webhook.answer(&bytes).await {
-            Ok(review) => axum::Json(review).into_response(),
-            Err(bad) => {
-                webhook.metrics.request("", "", "bad-request");
-                bad.into_response()
-            }
-        },
-        Err(bad) => {
-            webhook.metrics.request("", "", "bad-request");
-            bad.into_response()
-        }
-    };
+    let mut response = review(&webhook, &limits, &headers, body).await;
     webhook
         .metrics
         .observe_latency(started.elapsed().as_secs_f64());
+    let body_may_be_unread = matches!(
+        response.status(),
+        StatusCode::REQUEST_TIMEOUT
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::SERVICE_UNAVAILABLE
+    );
+    if version <= Version::HTTP_11 && body_may_be_unread {
+        // The body may be unread (too slow, too large, no memory for it): the connection cannot
+        // carry another request after it, so say so instead of leaving the client to find out.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 
-async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> Result<Bytes, BadRequest> {
+/// Reads and answers one review within the limits: the whole of it, body included, within the
+/// timeout, and its body within the memory budget.
+async fn review(
+    webhook: &Webhook,
+    limits: &ReviewLimits,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
+    let Some(mut held) = limits.reserve(REVIEW_ALLOWANCE) else {
+        webhook.metrics.request("", "", "busy");
+        return BadRequest::busy().into_response();
+    };
+    let received = AtomicBool::new(false);
+    let work = async {
+        let bytes = read_body(headers, body, limits, &mut held).await?;
+        received.store(true, Ordering::Relaxed);
+        // Parsed, the review takes far more than its bytes when it is made of many small values:
+        // that is counted against the budget too, before parsing.
+        let parsing = parse_cost(&bytes);
+        if parsing > limits.capacity - held.num_permits() {
+            return Err(BadRequest {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                message: format!(
+                    "the review has too many JSON values to parse within the webhook's memory \
+                     budget ({} bytes)",
+                    limits.capacity
+                ),
+            });
+        }
+        held.merge(limits.reserve(parsing).ok_or_else(BadRequest::busy)?);
+        webhook.answer(&bytes).await
+    };
+    match tokio::time::timeout(limits.timeout, work).await {
+        Ok(Ok(review)) => axum::Json(review).into_response(),
+        Ok(Err(bad)) => {
+            let outcome = if bad.status == StatusCode::SERVICE_UNAVAILABLE {
+                "busy"
+            } else {
+                "bad-request"
+            };
+            webhook.metrics.request("", "", outcome);
+            bad.into_response()
+        }
+        Err(_) => {
+            webhook.metrics.request("", "", "timeout");
+            if received.load(Ordering::Relaxed) {
+                error_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("the review was not answered within {:?}", limits.timeout),
+                )
+            } else {
+                error_response(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!("the review was not received within {:?}", limits.timeout),
+                )
+            }
+        }
+    }
+}
+
+/// Bytes that parsing `body` into [`Value`]s may take at most: a copy of its strings, and
+/// [`PARSED_VALUE_COST`] for each value or member it can hold (every `,` `:` `[` `{` outside
+/// strings, plus one), counted without parsing.
+fn parse_cost(body: &[u8]) -> usize {
+    let mut values = 1usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in body {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b',' | b':' | b'[' | b'{' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    body.len()
+        .saturating_add(values.saturating_mul(PARSED_VALUE_COST))
+}
+
+/// The body, at most [`MAX_BODY`] bytes. Its buffer's growth is taken from the memory budget as
+/// it happens (`held` gathers it), so only bytes that have arrived count; a declared length is
+/// checked, never allocated up front.
+async fn read_body(
+    headers: &HeaderMap,
+    mut body: Body,
+    limits: &ReviewLimits,
+    held: &mut OwnedSemaphorePermit,
+) -> Result<Vec<u8>, BadRequest> {
     let too_large = || BadRequest {
         status: StatusCode::PAYLOAD_TOO_LARGE,
         message: format!("the review is larger than {MAX_BODY} bytes"),
@@ -161,16 +338,27 @@ async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> Result<Bytes,
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return Err(too_large());
     }
-    axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-        while let Some(err) = source {
-            if err.is::<http_body_util::LengthLimitError>() {
-                return too_large();
-            }
-            source = err.source();
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| BadRequest::new(format!("reading the review: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let needed = buf.len() + data.len();
+        if needed > MAX_BODY {
+            return Err(too_large());
         }
-        BadRequest::new(format!("reading the review: {e}"))
-    })
+        if needed > buf.capacity() {
+            let capacity = needed.max(buf.capacity() * 2).clamp(8 * 1024, MAX_BODY);
+            let more = limits
+                .reserve(capacity - buf.capacity())
+                .ok_or_else(BadRequest::busy)?;
+            held.merge(more);
+            buf.reserve_exact(capacity - buf.len());
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf)
 }
 
 impl Webhook {

@@ -115,6 +115,9 @@ pub struct ServeArgs {
         default_value = "confighash-key"
     )]
     pub key_secret: String,
+    /// Webhook connections served at once; at the limit new connections wait until one closes.
+    #[arg(long, env = "CONFIGHASH_MAX_CONNECTIONS", value_name = "N", default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    pub max_connections: usize,
     /// One deadline for all lookups of a review, well below the webhook's timeoutSeconds.
     #[arg(long, env = "CONFIGHASH_LOOKUP_DEADLINE", value_name = "DUR", default_value = "2s", value_parser = parse_duration)]
     pub lookup_deadline: Duration,
@@ -168,6 +171,13 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(n) if n.is_finite() && n > 0.0 => Ok(n),
         _ => Err(format!("{s:?} is not a positive number")),
+    }
+}
+
+fn parse_max_connections(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a number from 1 to 1000000")),
     }
 }
 
