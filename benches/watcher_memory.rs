@@ -593,7 +593,9 @@ fn proc_status(path: &str) -> (u64, u64) {
 }
 
 fn child_runtime() -> tokio::runtime::Runtime {
-    // As `confighash serve` starts: the ring provider, then a default multi-threaded runtime.
+    // As `confighash serve` starts: the allocator set up, the ring provider, then a default
+    // multi-threaded runtime. Every child starts this way, the baselines included.
+    confighash::memory::tune_allocator();
     let _ = rustls::crypto::ring::default_provider().install_default();
     tokio::runtime::Runtime::new().expect("a runtime")
 }

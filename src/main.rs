@@ -48,6 +48,8 @@ fn stamp(args: &cli::StampArgs) -> ExitCode {
 }
 
 fn serve(args: cli::ServeArgs) -> ExitCode {
+    // Before any thread starts: the watcher's lists pass large blocks through the allocator.
+    confighash::memory::tune_allocator();
     let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
         Ok(f) => f,
         Err(e) => {
