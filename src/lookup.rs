@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::future::{BoxFuture, join_all};
+use futures::StreamExt;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 
@@ -140,6 +141,11 @@ impl Resolved {
     }
 }
 
+/// Reads one review keeps in flight at most. A pod naming thousands of objects is read a few
+/// at a time within the same deadline, not all at once against the API server; the deadline then
+/// bounds how many reads one review can cause.
+pub const MAX_CONCURRENT_READS: usize = 16;
+
 /// Reads every reference of a workload in `namespace`, in parallel, within `deadline`.
 pub async fn resolve(
     source: &dyn ConfigSource,
@@ -148,17 +154,22 @@ pub async fn resolve(
     deadline: Duration,
     metrics: &Metrics,
 ) -> Result<Resolved, LookupError> {
-    let reads = refs
+    type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<Fetched>, String>)>;
+    let reads: Vec<Read<'_>> = refs
         .iter()
-        .map(|(r, _)| async move { (r, source.fetch(namespace, r).await) });
-    let results = tokio::time::timeout(deadline, join_all(reads))
-        .await
-        .map_err(|_| {
-            for (r, _) in refs.iter() {
-                metrics.lookup(r.kind.as_str(), "deadline");
-            }
-            LookupError::Deadline(deadline)
-        })?;
+        .map(|(r, _)| -> Read<'_> {
+            Box::pin(async move { (r, source.fetch(namespace, r).await) })
+        })
+        .collect();
+    let reads = futures::stream::iter(reads)
+        .buffer_unordered(MAX_CONCURRENT_READS)
+        .collect::<Vec<_>>();
+    let results = tokio::time::timeout(deadline, reads).await.map_err(|_| {
+        for (r, _) in refs.iter() {
+            metrics.lookup(r.kind.as_str(), "deadline");
+        }
+        LookupError::Deadline(deadline)
+    })?;
     let mut resolved = Resolved::default();
     let mut failure = None;
     for (r, result) in results {
@@ -182,5 +193,74 @@ pub async fn resolve(
     match failure {
         Some(e) => Err(e),
         None => Ok(resolved),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::refs::Selection;
+
+    /// Answers every read after a yield, counting how many are in flight at once.
+    #[derive(Default)]
+    struct Counting {
+        in_flight: AtomicUsize,
+        most: AtomicUsize,
+        reads: AtomicUsize,
+    }
+
+    impl ConfigSource for Counting {
+        fn fetch<'a>(
+            &'a self,
+            _namespace: &'a str,
+            _object: &'a ObjectRef,
+        ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+            Box::pin(async move {
+                let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(now, Ordering::SeqCst);
+                self.reads.fetch_add(1, Ordering::SeqCst);
+                for _ in 0..3 {
+                    tokio::task::yield_now().await;
+                }
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok(None)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_review_naming_many_objects_reads_a_few_at_a_time() {
+        let mut refs = References::default();
+        for i in 0..500 {
+            refs.add(
+                ObjectKind::ConfigMap,
+                &format!("cm-{i}"),
+                Selection::Whole,
+                true,
+            );
+        }
+        let source = Counting::default();
+        let resolved = resolve(
+            &source,
+            "shop",
+            &refs,
+            Duration::from_secs(30),
+            &Metrics::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            source.reads.load(Ordering::SeqCst),
+            500,
+            "every object is read"
+        );
+        let most = source.most.load(Ordering::SeqCst);
+        assert!(
+            (2..=MAX_CONCURRENT_READS).contains(&most),
+            "{most} reads in flight at once"
+        );
+        assert_eq!(resolved.absent_required(&refs).count(), 0);
     }
 }
