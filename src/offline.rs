@@ -241,12 +241,24 @@ fn split(text: &str) -> Vec<(usize, &str, &str)> {
             };
         }
         pos += l.len();
-        line += 1;
+        line += line_breaks(l);
     }
     if pos > start || docs.is_empty() {
         docs.push((start_line, &text[start..sep_end], &text[sep_end..]));
     }
     docs
+}
+
+/// Line breaks in one `\n`-terminated piece of text, counted as YAML counts them: `\r\n`, `\n`
+/// and a lone `\r` are one each.
+fn line_breaks(piece: &str) -> usize {
+    let b = piece.as_bytes();
+    let lone_cr = b
+        .iter()
+        .enumerate()
+        .filter(|&(i, &c)| c == b'\r' && b.get(i + 1) != Some(&b'\n'))
+        .count();
+    lone_cr + usize::from(b.last() == Some(&b'\n'))
 }
 
 fn parse<'a>(

@@ -214,6 +214,22 @@ pub fn is_object_name(name: &str) -> bool {
         })
 }
 
+/// Adds a reference named in the pod spec. A name that is not a ConfigMap or Secret name (a
+/// DNS-1123 subdomain) names no object that can exist, so it is no reference; it is never read
+/// either (the name would go into the path of a GET unescaped). The API server refuses such pod
+/// specs in its built-in kinds; a custom resource's may not.
+fn add_spec_ref(
+    refs: &mut References,
+    kind: ObjectKind,
+    name: &str,
+    selection: Selection,
+    optional: bool,
+) {
+    if is_object_name(name) {
+        refs.add(kind, name, selection, optional);
+    }
+}
+
 fn add_container_refs(refs: &mut References, c: &Container) {
     for env in c.env.as_deref().unwrap_or_default() {
         let Some(from) = &env.value_from else {
@@ -221,7 +237,8 @@ fn add_container_refs(refs: &mut References, c: &Container) {
         };
         if let Some(r) = &from.config_map_key_ref {
             let optional = r.optional.unwrap_or(false);
-            refs.add(
+            add_spec_ref(
+                refs,
                 ObjectKind::ConfigMap,
                 &r.name,
                 Selection::key(&r.key),
@@ -230,7 +247,8 @@ fn add_container_refs(refs: &mut References, c: &Container) {
         }
         if let Some(r) = &from.secret_key_ref {
             let optional = r.optional.unwrap_or(false);
-            refs.add(
+            add_spec_ref(
+                refs,
                 ObjectKind::Secret,
                 &r.name,
                 Selection::key(&r.key),
@@ -241,11 +259,23 @@ fn add_container_refs(refs: &mut References, c: &Container) {
     for from in c.env_from.as_deref().unwrap_or_default() {
         if let Some(r) = &from.config_map_ref {
             let optional = r.optional.unwrap_or(false);
-            refs.add(ObjectKind::ConfigMap, &r.name, Selection::Whole, optional);
+            add_spec_ref(
+                refs,
+                ObjectKind::ConfigMap,
+                &r.name,
+                Selection::Whole,
+                optional,
+            );
         }
         if let Some(r) = &from.secret_ref {
             let optional = r.optional.unwrap_or(false);
-            refs.add(ObjectKind::Secret, &r.name, Selection::Whole, optional);
+            add_spec_ref(
+                refs,
+                ObjectKind::Secret,
+                &r.name,
+                Selection::Whole,
+                optional,
+            );
         }
     }
 }
@@ -253,23 +283,35 @@ fn add_container_refs(refs: &mut References, c: &Container) {
 fn add_volume_refs(refs: &mut References, v: &Volume) {
     if let Some(cm) = &v.config_map {
         let optional = cm.optional.unwrap_or(false);
-        refs.add(ObjectKind::ConfigMap, &cm.name, items(&cm.items), optional);
+        add_spec_ref(
+            refs,
+            ObjectKind::ConfigMap,
+            &cm.name,
+            items(&cm.items),
+            optional,
+        );
     }
     if let Some(s) = &v.secret
         && let Some(name) = &s.secret_name
     {
         let optional = s.optional.unwrap_or(false);
-        refs.add(ObjectKind::Secret, name, items(&s.items), optional);
+        add_spec_ref(refs, ObjectKind::Secret, name, items(&s.items), optional);
     }
     let sources = v.projected.as_ref().and_then(|p| p.sources.as_deref());
     for source in sources.unwrap_or_default() {
         if let Some(cm) = &source.config_map {
             let optional = cm.optional.unwrap_or(false);
-            refs.add(ObjectKind::ConfigMap, &cm.name, items(&cm.items), optional);
+            add_spec_ref(
+                refs,
+                ObjectKind::ConfigMap,
+                &cm.name,
+                items(&cm.items),
+                optional,
+            );
         }
         if let Some(s) = &source.secret {
             let optional = s.optional.unwrap_or(false);
-            refs.add(ObjectKind::Secret, &s.name, items(&s.items), optional);
+            add_spec_ref(refs, ObjectKind::Secret, &s.name, items(&s.items), optional);
         }
     }
 }

@@ -1046,10 +1046,22 @@ fn split_names_trims_and_drops_empty_items() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+fn names_in_the_pod_spec_that_are_not_object_names_are_no_references() {
+    let refs = pod()
+        .env_from_secret("Z-upper")
+        .env_from_config_map("../../kube-system/secrets/x")
+        .env_config_map_key("x?watch=1", "k")
+        .env_from_config_map("fine")
+        .discover();
+    let names: Vec<&str> = refs.iter().map(|(o, _)| o.name.as_str()).collect();
+    assert_eq!(names, ["fine"]);
+}
+
+#[test]
 fn iteration_order_is_kind_then_name_with_config_maps_first() {
     let refs = pod()
         .env_from_secret("a-secret")
-        .env_from_secret("Z-upper-secret")
+        .env_from_secret("9-secret")
         .env_from_config_map("zz-cm")
         .env_config_map_key("b", "k")
         .env_from_config_map("a.b")
@@ -1059,7 +1071,7 @@ fn iteration_order_is_kind_then_name_with_config_maps_first() {
         .discover();
     let order: Vec<(ObjectKind, String)> =
         refs.iter().map(|(o, _)| (o.kind, o.name.clone())).collect();
-    // Byte order: '-' (0x2d) < '.' (0x2e) < digits < upper case < lower case.
+    // Byte order: '-' (0x2d) < '.' (0x2e) < digits < lower case.
     let expected: Vec<(ObjectKind, String)> = [
         (CM, "a-b"),
         (CM, "a.b"),
@@ -1067,7 +1079,7 @@ fn iteration_order_is_kind_then_name_with_config_maps_first() {
         (CM, "m"),
         (CM, "zz-cm"),
         (SECRET, "0-secret"),
-        (SECRET, "Z-upper-secret"),
+        (SECRET, "9-secret"),
         (SECRET, "a-secret"),
     ]
     .into_iter()
