@@ -93,6 +93,8 @@ enum Input {
     Synced(Stream),
     /// A touch that did not take: try again at this time, for the same changes.
     Retry(WorkloadKey, Instant, Pending),
+    /// A touch task ended (whatever its outcome): the workload may be touched again.
+    TouchDone(WorkloadKey),
 }
 
 /// A namespace's objects being listed after it opted in.
@@ -489,6 +491,12 @@ struct State {
     window_seen: Option<Instant>,
     pacer: Pacer<WorkloadKey>,
     pending: BTreeMap<WorkloadKey, Pending>,
+    /// Workloads with a touch in flight. A touch can be held up for seconds (kube's client
+    /// retries a 429 after its Retry-After); a second touch sent meanwhile could land first and
+    /// the older one after it, putting back the stamp of an older config when the webhook is not
+    /// there to recompute it. So each workload has one touch in flight at most, and what became
+    /// due meanwhile is decided again once it is done.
+    in_flight: HashSet<WorkloadKey>,
     synced: HashSet<Stream>,
     reconciled: bool,
     next_resync: Option<Instant>,
@@ -530,6 +538,7 @@ impl State {
             backfill_generation: 0,
             window_seen: None,
             pending: BTreeMap::new(),
+            in_flight: HashSet::new(),
             synced: HashSet::new(),
             reconciled: false,
             next_resync: None,
@@ -709,6 +718,12 @@ impl State {
                 tracing::debug!(?stream, synced = self.synced.len(), of = STREAMS, "listed");
                 self.metrics.set_synced(self.is_synced());
             }
+            Input::TouchDone(key) => {
+                self.in_flight.remove(&key);
+                if let Some(p) = self.pending.get_mut(&key) {
+                    p.due.get_or_insert(now);
+                }
+            }
             Input::Retry(key, at, failed) => {
                 self.metrics.touch_retry();
                 let p = self.pending.entry(key).or_default();
@@ -886,6 +901,13 @@ impl State {
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
+            if self.in_flight.contains(&key) {
+                // Parked until its touch in flight is done (`Input::TouchDone`).
+                if let Some(p) = self.pending.get_mut(&key) {
+                    p.due = None;
+                }
+                continue;
+            }
             // Recomputed now: the webhook or another change may already have set it.
             let trigger = match self.pending.get(&key) {
                 Some(p) if p.changed.is_empty() => Trigger::Reconcile,
@@ -919,7 +941,7 @@ impl State {
         }
     }
 
-    fn spawn_touch(&self, key: WorkloadKey, expected: String, pending: Pending) {
+    fn spawn_touch(&mut self, key: WorkloadKey, expected: String, pending: Pending) {
         let Some(entry) = self.workloads.get(&key) else {
             return;
         };
@@ -932,7 +954,10 @@ impl State {
         let rolls = entry.rolls_by_itself;
         let retry_base = self.config.retry_base;
         let max_retry = self.config.resync;
-        tokio::spawn(async move {
+        self.in_flight.insert(key.clone());
+        let done_tx = self.tx.clone();
+        let done_key = key.clone();
+        let task = tokio::spawn(async move {
             let outcome = touch(&client, &key, &expected).await;
             let retry = |attempt: u32| {
                 let backoff = retry_base
@@ -964,6 +989,11 @@ impl State {
                     let _ = tx.send(Input::Retry(key, at, pending)).await;
                 }
             }
+        });
+        tokio::spawn(async move {
+            // Reported however the touch ended, a panic included.
+            let _ = task.await;
+            let _ = done_tx.send(Input::TouchDone(done_key)).await;
         });
     }
 }

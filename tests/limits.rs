@@ -722,7 +722,7 @@ async fn a_review_too_dense_to_parse_within_the_budget_is_refused() {
 // HTTP/2
 
 /// An HTTP/2 connection advertises the stream cap and refuses a stream beyond it, and offers
-/// flow-control windows of 64 KiB per stream and 128 KiB per connection; it is pinged,
+/// flow-control windows of 1 MiB per stream and per connection; it is pinged,
 /// and a client that does not answer the ping is disconnected after the keep-alive timeout, long
 /// before the idle limit.
 #[tokio::test]
@@ -757,11 +757,11 @@ async fn http2_caps_streams_and_cuts_off_a_client_that_does_not_answer_pings() {
         .find(|(kind, flags, _, _)| *kind == SETTINGS && flags & 1 == 0)
         .expect("the server's SETTINGS");
     assert_eq!(setting(&settings.3, 0x3), Some(3), "MAX_CONCURRENT_STREAMS");
-    // Flow control: 64 KiB per stream, and the connection's window raised from the protocol's
-    // 65535 bytes to 128 KiB, no more.
+    // Flow control: 1 MiB per stream, and the connection's window raised from the protocol's
+    // 65535 bytes to 1 MiB, no more.
     assert_eq!(
         setting(&settings.3, 0x4),
-        Some(64 * 1024),
+        Some(1024 * 1024),
         "INITIAL_WINDOW_SIZE"
     );
     let connection_window: u32 = received
@@ -769,7 +769,7 @@ async fn http2_caps_streams_and_cuts_off_a_client_that_does_not_answer_pings() {
         .filter(|(kind, _, stream, _)| *kind == WINDOW_UPDATE && *stream == 0)
         .map(|(_, _, _, payload)| u32::from_be_bytes(payload[..4].try_into().unwrap()))
         .sum();
-    assert_eq!(connection_window, 128 * 1024 - 65_535, "{received:?}");
+    assert_eq!(connection_window, 1024 * 1024 - 65_535, "{received:?}");
     let refused: Vec<u32> = received
         .iter()
         .filter(|(kind, _, _, payload)| *kind == RST_STREAM && payload[..] == [0, 0, 0, 7])
