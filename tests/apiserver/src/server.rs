@@ -45,18 +45,41 @@ impl Default for Options {
     }
 }
 
-/// A fault to inject: fail the next `remaining` requests that match.
+/// A fault to inject: fail the next `remaining` requests that match, or (`fraction`) each
+/// matching request with that probability, without end.
 #[derive(Debug, Clone)]
 struct Fault {
     verb: Option<String>,
     resource: Option<String>,
     remaining: u32,
+    fraction: Option<f64>,
     status: u16,
+}
+
+/// The injected faults, the dice for `fail_fraction`, and a record of what was failed.
+struct Faults {
+    active: Vec<Fault>,
+    /// SplitMix64 state, fixed seed: the sequence of draws is the same in every run.
+    rng: u64,
+    injected: Vec<InjectedFault>,
+}
+
+/// A request that an injected fault failed.
+#[derive(Debug, Clone)]
+pub struct InjectedFault {
+    pub verb: String,
+    /// The resource plural.
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub status: u16,
+    /// When the request was failed.
+    pub at: std::time::Instant,
 }
 
 pub(crate) struct Shared {
     store: Mutex<Store>,
-    faults: Mutex<Vec<Fault>>,
+    faults: Mutex<Faults>,
     delay: Mutex<Duration>,
     kill_watches: tokio::sync::watch::Sender<u64>,
     rollouts_served: AtomicBool,
@@ -96,7 +119,11 @@ impl ApiServer {
     pub async fn start_with(options: Options) -> Self {
         let shared = Arc::new(Shared {
             store: Mutex::new(Store::new()),
-            faults: Mutex::new(Vec::new()),
+            faults: Mutex::new(Faults {
+                active: Vec::new(),
+                rng: 0x5eed_c0f1_6a54_0001,
+                injected: Vec::new(),
+            }),
             delay: Mutex::new(Duration::ZERO),
             kill_watches: tokio::sync::watch::channel(0).0,
             rollouts_served: AtomicBool::new(options.rollouts_served),
@@ -176,12 +203,43 @@ impl ApiServer {
     /// Fails the next `count` requests with this verb (None: any) on this resource plural (None:
     /// any) with `status` (500 or 429, which gets `Retry-After: 1`).
     pub fn fail_next(&self, verb: Option<&str>, resource: Option<&str>, count: u32, status: u16) {
-        lock(&self.shared.faults).push(Fault {
+        lock(&self.shared.faults).active.push(Fault {
             verb: verb.map(str::to_owned),
             resource: resource.map(str::to_owned),
             remaining: count,
+            fraction: None,
             status,
         });
+    }
+
+    /// Fails each request with this verb (None: any) on this resource plural (None: any) with
+    /// probability `fraction`, from now on, with `status` (as `fail_next`). Mimics an apiserver
+    /// in trouble (etcd leader changes, an overloaded priority level), where a random share of
+    /// requests fails with a 500 InternalError (or a 429 with `Retry-After`).
+    pub fn fail_fraction(
+        &self,
+        verb: Option<&str>,
+        resource: Option<&str>,
+        fraction: f64,
+        status: u16,
+    ) {
+        lock(&self.shared.faults).active.push(Fault {
+            verb: verb.map(str::to_owned),
+            resource: resource.map(str::to_owned),
+            remaining: 0,
+            fraction: Some(fraction.clamp(0.0, 1.0)),
+            status,
+        });
+    }
+
+    /// Removes every injected fault that is still active (the record stays).
+    pub fn clear_faults(&self) {
+        lock(&self.shared.faults).active.clear();
+    }
+
+    /// Every request an injected fault (`fail_next` or `fail_fraction`) failed so far, in order.
+    pub fn injected_faults(&self) -> Vec<InjectedFault> {
+        lock(&self.shared.faults).injected.clone()
     }
 
     /// Ends every open watch stream, as a restarting apiserver or a dropped connection does.
@@ -472,7 +530,13 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
         rbac_name.as_deref(),
         &path,
     )?;
-    inject_fault(shared, verb, resource.plural)?;
+    inject_fault(
+        shared,
+        verb,
+        resource.plural,
+        namespace.as_deref(),
+        name.as_deref(),
+    )?;
 
     let body = axum::body::to_bytes(body, MAX_BODY + 1)
         .await
@@ -622,21 +686,56 @@ fn authorize(
     ))
 }
 
-fn inject_fault(shared: &Shared, verb: &str, plural: &str) -> Result<(), ApiError> {
+fn inject_fault(
+    shared: &Shared,
+    verb: &str,
+    plural: &str,
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> Result<(), ApiError> {
     let mut faults = lock(&shared.faults);
-    let hit = faults.iter_mut().find(|f| {
-        f.remaining > 0
-            && f.verb.as_deref().is_none_or(|v| v == verb)
+    let Faults {
+        active,
+        rng,
+        injected,
+    } = &mut *faults;
+    let hit = active.iter_mut().find(|f| {
+        f.verb.as_deref().is_none_or(|v| v == verb)
             && f.resource.as_deref().is_none_or(|r| r == plural)
+            && match f.fraction {
+                None => f.remaining > 0,
+                // One draw per matching fraction fault, so each stays independent.
+                Some(fraction) => draw(rng) < fraction,
+            }
     });
     let Some(fault) = hit else { return Ok(()) };
-    fault.remaining -= 1;
     let status = fault.status;
-    faults.retain(|f| f.remaining > 0);
+    if fault.fraction.is_none() {
+        fault.remaining -= 1;
+        active.retain(|f| f.fraction.is_some() || f.remaining > 0);
+    }
+    injected.push(InjectedFault {
+        verb: verb.to_owned(),
+        resource: plural.to_owned(),
+        namespace: namespace.map(str::to_owned),
+        name: name.map(str::to_owned),
+        status,
+        at: std::time::Instant::now(),
+    });
     Err(match status {
         429 => ApiError::new(429, "TooManyRequests", "injected fault: too many requests"),
         code => ApiError::new(code, "InternalError", "injected fault: internal error"),
     })
+}
+
+/// A uniform draw in [0, 1) from SplitMix64 state `state`.
+fn draw(state: &mut u64) -> f64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
 }
 
 // ----- verbs -----
@@ -1522,4 +1621,126 @@ async fn delete(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
         }
     }
     Ok(ok_json(StatusCode::OK, &deleted))
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+    use kube::Api;
+    use kube::api::{ObjectMeta, PostParams};
+
+    use super::*;
+
+    fn named<T: Default>(name: &str, with_meta: impl FnOnce(ObjectMeta) -> T) -> T {
+        with_meta(ObjectMeta {
+            name: Some(name.to_owned()),
+            ..Default::default()
+        })
+    }
+
+    fn status_of(e: &kube::Error) -> Option<u16> {
+        match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn fail_fraction_fails_about_that_share_of_matching_requests_and_records_them() {
+        let server = ApiServer::start().await;
+        let client = server.client();
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &named("ns", |metadata| Namespace {
+                    metadata,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .unwrap();
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), "ns");
+        cms.create(
+            &PostParams::default(),
+            &named("cm", |metadata| ConfigMap {
+                metadata,
+                ..Default::default()
+            }),
+        )
+        .await
+        .unwrap();
+        secrets
+            .create(
+                &PostParams::default(),
+                &named("s", |metadata| Secret {
+                    metadata,
+                    ..Default::default()
+                }),
+            )
+            .await
+            .unwrap();
+
+        server.fail_fraction(Some("get"), Some("configmaps"), 0.25, 500);
+        let mut failed = 0;
+        for _ in 0..400 {
+            match cms.get("cm").await {
+                Ok(_) => {}
+                Err(e) => {
+                    // Not retried by kube's client (it retries 429, 503 and 504 only).
+                    assert_eq!(status_of(&e), Some(500), "{e}");
+                    failed += 1;
+                }
+            }
+            // Other resources and verbs are not touched.
+            secrets.get("s").await.unwrap();
+            cms.list(&Default::default()).await.unwrap();
+        }
+        // Binomial(400, 0.25): mean 100, standard deviation about 8.7.
+        assert!((60..=140).contains(&failed), "{failed} of 400 failed");
+
+        let injected = server.injected_faults();
+        assert_eq!(injected.len(), failed);
+        for f in &injected {
+            assert_eq!(
+                (f.verb.as_str(), f.resource.as_str(), f.status),
+                ("get", "configmaps", 500)
+            );
+            assert_eq!(f.namespace.as_deref(), Some("ns"));
+            assert_eq!(f.name.as_deref(), Some("cm"));
+        }
+        assert!(injected.windows(2).all(|w| w[0].at <= w[1].at));
+
+        // fail_next still fails exactly the next matching requests, and is recorded too.
+        server.fail_next(Some("get"), Some("secrets"), 2, 500);
+        assert_eq!(status_of(&secrets.get("s").await.unwrap_err()), Some(500));
+        assert_eq!(status_of(&secrets.get("s").await.unwrap_err()), Some(500));
+        secrets.get("s").await.unwrap();
+        let injected = server.injected_faults();
+        assert_eq!(injected.len(), failed + 2);
+        assert_eq!(injected[failed].resource, "secrets");
+    }
+
+    #[tokio::test]
+    async fn fail_fraction_zero_and_one_and_clear_faults() {
+        let server = ApiServer::start().await;
+        let client = server.client();
+        let namespaces: Api<Namespace> = Api::all(client);
+        server.fail_fraction(Some("get"), Some("namespaces"), 0.0, 500);
+        for _ in 0..50 {
+            // NotFound, never the injected 500.
+            let e = namespaces.get("absent").await.unwrap_err();
+            assert_eq!(status_of(&e), Some(404));
+        }
+        server.fail_fraction(Some("get"), Some("namespaces"), 1.0, 500);
+        for _ in 0..50 {
+            let e = namespaces.get("absent").await.unwrap_err();
+            assert_eq!(status_of(&e), Some(500));
+        }
+        assert_eq!(server.injected_faults().len(), 50);
+        server.clear_faults();
+        let e = namespaces.get("absent").await.unwrap_err();
+        assert_eq!(status_of(&e), Some(404));
+        assert_eq!(server.injected_faults().len(), 50);
+    }
 }
