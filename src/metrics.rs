@@ -36,6 +36,8 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Histogram,
     lookups: Family<LookupLabels, Counter>,
+    connections: Gauge,
+    connection_limit_reached: Counter,
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     cert_expiry: Gauge,
@@ -77,6 +79,18 @@ impl Metrics {
             "webhook_lookups",
             "Reads of referenced ConfigMaps and Secrets by outcome (found, absent, error, deadline)",
             lookups.clone(),
+        );
+        let connections = Gauge::default();
+        registry.register(
+            "webhook_connections",
+            "Connections open on the webhook port, TLS handshakes included",
+            connections.clone(),
+        );
+        let connection_limit_reached = Counter::default();
+        registry.register(
+            "webhook_connection_limit_reached",
+            "Times the webhook port filled up to --max-connections (new connections then wait in the listen backlog)",
+            connection_limit_reached.clone(),
         );
         let cert_reloads = Counter::default();
         registry.register(
@@ -165,6 +179,8 @@ impl Metrics {
             requests,
             latency,
             lookups,
+            connections,
+            connection_limit_reached,
             cert_reloads,
             cert_reload_failures,
             cert_expiry,
@@ -209,6 +225,25 @@ impl Metrics {
     }
 
     /// Records a certificate reload attempt that found changed files.
+    /// A connection of the webhook port opened (`true`) or closed (`false`).
+    pub fn connection(&self, opened: bool) {
+        if opened {
+            self.connections.inc();
+        } else {
+            self.connections.dec();
+        }
+    }
+
+    /// The webhook port filled up to its connection limit.
+    pub fn connection_limit_reached(&self) {
+        self.connection_limit_reached.inc();
+    }
+
+    /// How many times the webhook port filled up to its connection limit.
+    pub fn connection_limit_hits(&self) -> u64 {
+        self.connection_limit_reached.get()
+    }
+
     pub fn cert_reload(&self, ok: bool) {
         if ok {
             self.cert_reloads.inc();

@@ -3,7 +3,8 @@
 //! Every connection to the webhook port is bounded in time and in number ([`Limits`]):
 //!
 //! - at most [`Limits::max_connections`] are served at once; further ones are not accepted (they
-//!   wait in the listen backlog) until one closes;
+//!   wait in the listen backlog) until one closes; `confighash_webhook_connections` and
+//!   `confighash_webhook_connection_limit_reached_total` show it;
 //! - from accept, the TLS handshake, the protocol detection (HTTP/2 preface or HTTP/1.1) and the
 //!   first complete request head must all arrive within [`ServeConfig::header_read_timeout`];
 //!   later HTTP/1.1 request heads, and the idle time between HTTP/1.1 requests, get the same bound;
@@ -32,6 +33,7 @@ use tower::ServiceExt;
 
 use crate::admin::{self, Health};
 use crate::admission::{self, ReviewLimits, Webhook};
+use crate::metrics::Metrics;
 use crate::tls::CertStore;
 
 /// Everything a running server needs.
@@ -183,6 +185,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             slots: Arc::new(Semaphore::new(max_connections)),
             max_connections,
             open: open.clone(),
+            metrics: metrics.clone(),
         },
         Connections {
             acceptor,
@@ -272,20 +275,24 @@ struct Listener {
     max_connections: usize,
     /// Connections open now.
     open: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
 }
 
 /// An accepted connection's place under the connection limit, given back when dropped.
 struct Slot {
     _permit: OwnedSemaphorePermit,
     open: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
 }
 
 impl Slot {
-    fn new(permit: OwnedSemaphorePermit, open: Arc<AtomicUsize>) -> Self {
+    fn new(permit: OwnedSemaphorePermit, open: Arc<AtomicUsize>, metrics: Arc<Metrics>) -> Self {
         open.fetch_add(1, Ordering::Relaxed);
+        metrics.connection(true);
         Slot {
             _permit: permit,
             open,
+            metrics,
         }
     }
 }
@@ -293,6 +300,7 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
+        self.metrics.connection(false);
     }
 }
 
@@ -317,6 +325,7 @@ async fn serve_tls(
         slots,
         max_connections,
         open,
+        metrics,
     } = port;
     let mut tasks = JoinSet::new();
     // Each connection gets its own receiver, to finish when the server stops.
@@ -328,7 +337,10 @@ async fn serve_tls(
         if slot.is_none() {
             match slots.clone().try_acquire_owned() {
                 Ok(permit) => slot = Some(permit),
-                Err(_) => cap.reached(max_connections),
+                Err(_) => {
+                    metrics.connection_limit_reached();
+                    cap.reached(max_connections);
+                }
             }
         }
         tokio::select! {
@@ -350,7 +362,7 @@ async fn serve_tls(
                         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                     }
                     let permit = slot.take().expect("accepted only with a free slot");
-                    let permit = Slot::new(permit, open.clone());
+                    let permit = Slot::new(permit, open.clone(), metrics.clone());
                     tasks.spawn(serve_connection(
                         connections.clone(),
                         tcp,
@@ -647,7 +659,7 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         background.push(tokio::spawn(crate::selfsigned::run(client.clone(), config)));
     }
     let certs = CertStore::load(&args.tls_cert, &args.tls_key)?;
-    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let metrics = Arc::new(Metrics::new());
     let rules = crate::rules::Options {
         roll_on_delete: args.roll_on_delete,
         stamp_existing: args.stamp_existing,

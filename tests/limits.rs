@@ -846,6 +846,14 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(server.running.connections(), 2);
+    // The cap shows in the metrics: two open, and the port filled up at least once.
+    assert!(server.metrics.connection_limit_hits() >= 1);
+    let text = server.metrics.encode();
+    assert!(
+        text.lines()
+            .any(|l| l == "confighash_webhook_connections 2"),
+        "{text}"
+    );
 
     first.task.abort();
     drop(first);
@@ -858,6 +866,13 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
     third.review("third").await;
     second.review("second-again").await;
     assert_eq!(server.running.connections(), 2);
+    assert!(
+        server
+            .metrics
+            .encode()
+            .lines()
+            .any(|l| l == "confighash_webhook_connections 2")
+    );
 }
 
 /// `--max-connections` (and `CONFIGHASH_MAX_CONNECTIONS`) defaults to 1024 and takes 1 to a
