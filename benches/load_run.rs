@@ -51,7 +51,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,13 +75,15 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
 use kube::api::PostParams;
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
 #[allow(dead_code)] // Shared with the other webhook benchmarks; this one uses a part of it.
 #[path = "common/fixture.rs"]
 mod fixture;
+#[path = "../tests/common/kubelet_volume.rs"]
+mod kubelet_volume;
+use kubelet_volume::SecretVolume;
 
 /// Opted-in namespaces the load uses, each with its own copy of the 10 referenced objects.
 const NAMESPACES: usize = 256;
@@ -211,72 +212,12 @@ impl Ca {
     }
 }
 
-/// A Secret volume as kubelet lays it out: `..<date>/` with the files, `..data -> ..<date>`,
-/// `tls.crt -> ..data/tls.crt`, `tls.key -> ..data/tls.key`.
-struct SecretVolume {
-    dir: tempfile::TempDir,
-    current: String,
-}
-
-impl SecretVolume {
-    fn new(pair: &Pair) -> Self {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let current = "..2026_01_01_00_00_00.000000000".to_owned();
-        write_pair(&dir.path().join(&current), pair);
-        std::os::unix::fs::symlink(&current, dir.path().join("..data")).expect("..data");
-        for name in ["tls.crt", "tls.key"] {
-            std::os::unix::fs::symlink(format!("..data/{name}"), dir.path().join(name))
-                .expect("a file link");
-        }
-        SecretVolume { dir, current }
-    }
-
-    fn cert(&self) -> PathBuf {
-        self.dir.path().join("tls.crt")
-    }
-
-    fn key(&self) -> PathBuf {
-        self.dir.path().join("tls.key")
-    }
-
-    /// What kubelet's atomic writer does when the Secret changes: write a new dated directory,
-    /// point a temporary symlink at it, rename that over `..data`, remove the old directory.
-    fn renew(&mut self, pair: &Pair, generation: u32) {
-        let root = self.dir.path();
-        let next = format!("..2026_01_01_00_00_{generation:02}.000000000");
-        write_pair(&root.join(&next), pair);
-        std::os::unix::fs::symlink(&next, root.join("..data_tmp")).expect("..data_tmp");
-        std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("swap ..data");
-        std::fs::remove_dir_all(root.join(&self.current)).expect("remove the old generation");
-        self.current = next;
-    }
-}
-
-fn write_pair(dir: &Path, pair: &Pair) {
-    std::fs::create_dir_all(dir).expect("create the generation directory");
-    std::fs::write(dir.join("tls.crt"), &pair.cert_pem).expect("write tls.crt");
-    std::fs::write(dir.join("tls.key"), &pair.key_pem).expect("write tls.key");
-}
-
 /// The leaf certificate presented on a fresh TLS connection.
 async fn presented_certificate(
     addr: SocketAddr,
     ca_pem: &str,
 ) -> Result<CertificateDer<'static>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots
-            .add(cert.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let config = apiserver::https::client_config(ca_pem, &[b"h2", b"http/1.1"]);
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -632,7 +573,10 @@ async fn start(options: &Options) -> Env {
 
     // The webhook, as `confighash serve` starts it.
     let ca = Ca::new();
-    let volume = SecretVolume::new(&ca.issue(0));
+    let volume = {
+        let pair = ca.issue(0);
+        SecretVolume::new(&pair.cert_pem, &pair.key_pem)
+    };
     let metrics = Arc::new(Metrics::new());
     let webhook = Arc::new(Webhook {
         source: Arc::new(KubeSource::new(confighash)),
@@ -917,7 +861,7 @@ async fn renewals(
         env.volume
             .lock()
             .expect("the volume")
-            .renew(&pair, generation);
+            .update(&pair.cert_pem, &pair.key_pem);
         let deadline = written + cert_poll + Duration::from_secs(10);
         let mut served_after = None;
         while Instant::now() < deadline {

@@ -902,8 +902,7 @@ async fn diagnose_webhook_connections(
     port: u16,
     ca_pem: &str,
 ) -> Vec<(&'static str, Vec<f64>)> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, ServerName};
+    use rustls_pki_types::ServerName;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let ns = namespace_of(0);
@@ -938,19 +937,7 @@ async fn diagnose_webhook_connections(
          Accept: application/json\r\nContent-Length: {}\r\n\r\n{review}",
         review.len()
     );
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.expect("a PEM CA")).expect("a usable CA");
-    }
-    let tls = Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth(),
-    );
+    let tls = Arc::new(apiserver::https::client_config(ca_pem, &[]));
     let connector = tokio_rustls::TlsConnector::from(tls);
     let server = ServerName::try_from("127.0.0.1").expect("a server name");
     let connect = |nodelay: bool| {

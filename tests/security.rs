@@ -29,8 +29,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::{CipherSuite, NamedGroup};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -146,18 +145,7 @@ impl Harness {
 
     /// A TLS connection to the webhook port that has finished its handshake.
     async fn tls(&self, alpn: &[u8]) -> TlsStream<TcpStream> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
-            roots.add(cert.unwrap()).unwrap();
-        }
-        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        config.alpn_protocols = vec![alpn.to_vec()];
+        let config = apiserver::https::client_config(&self.ca_pem, &[alpn]);
         let tcp = TcpStream::connect(self.addr).await.unwrap();
         tokio_rustls::TlsConnector::from(Arc::new(config))
             .connect(ServerName::try_from("localhost").unwrap(), tcp)

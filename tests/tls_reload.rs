@@ -425,48 +425,9 @@ async fn every_handshake_is_a_full_one() {
 // ---------------------------------------------------------------------------------------------
 // Reload
 
-/// A Secret volume as kubelet lays it out: `..<date>/` with the files, `..data -> ..<date>`,
-/// and `tls.crt -> ..data/tls.crt`, `tls.key -> ..data/tls.key`.
 #[cfg(unix)]
-struct SecretVolume {
-    dir: tempfile::TempDir,
-    current: String,
-}
-
-#[cfg(unix)]
-impl SecretVolume {
-    fn new(pair: &Pair) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let current = "..2026_01_01_00_00_00.000000001".to_owned();
-        write_pair(&dir.path().join(&current), pair);
-        std::os::unix::fs::symlink(&current, dir.path().join("..data")).expect("..data");
-        for name in ["tls.crt", "tls.key"] {
-            std::os::unix::fs::symlink(format!("..data/{name}"), dir.path().join(name))
-                .expect("file link");
-        }
-        SecretVolume { dir, current }
-    }
-
-    fn cert(&self) -> PathBuf {
-        self.dir.path().join("tls.crt")
-    }
-
-    fn key(&self) -> PathBuf {
-        self.dir.path().join("tls.key")
-    }
-
-    /// What kubelet's atomic writer does: write a new dated directory, point a temporary
-    /// symlink at it, rename that over `..data`, remove the old directory.
-    fn update(&mut self, pair: &Pair, date: &str) {
-        let root = self.dir.path();
-        let next = format!("..{date}");
-        write_pair(&root.join(&next), pair);
-        std::os::unix::fs::symlink(&next, root.join("..data_tmp")).expect("..data_tmp");
-        std::fs::rename(root.join("..data_tmp"), root.join("..data")).expect("swap ..data");
-        std::fs::remove_dir_all(root.join(&self.current)).expect("remove the old generation");
-        self.current = next;
-    }
-}
+#[path = "common/kubelet_volume.rs"]
+mod kubelet_volume;
 
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -474,7 +435,7 @@ async fn kubelet_secret_rotation_is_served_without_failed_requests() {
     let ca = TestCa::new();
     let old = ca.issue();
     let new = ca.issue();
-    let mut volume = SecretVolume::new(&old);
+    let mut volume = kubelet_volume::SecretVolume::new(&old.cert_pem, &old.key_pem);
     let store = CertStore::load(volume.cert(), volume.key()).expect("load");
     assert_eq!(store.current().cert[0], old.leaf_der());
     let server = Server::start(&store).await;
@@ -525,7 +486,7 @@ async fn kubelet_secret_rotation_is_served_without_failed_requests() {
         seen_old.load(Ordering::SeqCst) >= 5
     })
     .await;
-    volume.update(&new, "2026_02_01_00_00_00.000000002");
+    volume.update(&new.cert_pem, &new.key_pem);
     eventually("the new certificate to be served", async || {
         seen_new.load(Ordering::SeqCst) >= 5
     })

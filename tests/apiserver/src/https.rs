@@ -11,6 +11,28 @@ use hyper_util::rt::TokioExecutor;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
+/// A rustls client configuration that trusts only the certificates in `ca_pem`, with rustls'
+/// default TLS versions and `alpn` offered (none if empty).
+///
+/// # Panics
+/// If `ca_pem` holds no usable certificate: the tests generate it.
+pub fn client_config(ca_pem: &str, alpn: &[&[u8]]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.expect("a PEM CA")).expect("a usable CA");
+    }
+    assert!(!roots.is_empty(), "no CA certificate in the PEM");
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config
+}
+
 /// A pooled HTTP/1.1 and HTTP/2 client over TLS.
 #[derive(Clone)]
 pub struct HttpsClient {
@@ -34,18 +56,7 @@ impl Reply {
 impl HttpsClient {
     /// Trusts only the certificates in `ca_pem`.
     pub fn new(ca_pem: &str) -> Self {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-            roots.add(cert.expect("a PEM CA")).expect("a usable CA");
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("TLS versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        Self::with_config(tls)
+        Self::with_config(client_config(ca_pem, &[]))
     }
 
     /// A client with its own rustls configuration (for protocol-version tests).
