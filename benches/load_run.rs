@@ -56,7 +56,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use apiserver::server::InjectedFault;
-use apiserver::{ApiServer, HttpsClient};
+use apiserver::{ApiServer, HttpsClient, TestCa};
 use base64::Engine;
 use confighash::admin::Health;
 use confighash::admission::Webhook;
@@ -162,55 +162,8 @@ impl Options {
 // ---------------------------------------------------------------------------------------------
 // Certificates: a CA, serving pairs it issues, a kubelet-style Secret volume
 
-struct Ca {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pem: String,
-}
-
-struct Pair {
-    cert_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Ca {
-    fn new() -> Self {
-        let key = rcgen::KeyPair::generate().expect("a CA key");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "load_run CA");
-        let cert = params.self_signed(&key).expect("a CA certificate");
-        Ca {
-            pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    /// A serving pair for the webhook Service's names and 127.0.0.1, as cert-manager issues it.
-    fn issue(&self, generation: u32) -> Pair {
-        let key = rcgen::KeyPair::generate().expect("a serving key");
-        let mut params = rcgen::CertificateParams::new(vec![
-            "confighash.confighash.svc".to_owned(),
-            "localhost".to_owned(),
-            "127.0.0.1".to_owned(),
-        ])
-        .expect("serving params");
-        params.distinguished_name.push(
-            rcgen::DnType::CommonName,
-            format!("confighash serving certificate {generation}"),
-        );
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("a serving certificate");
-        Pair {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            der: cert.der().clone(),
-        }
-    }
-}
+/// The names of the serving certificate: the webhook Service's, and 127.0.0.1 the bench dials.
+const SERVING_NAMES: &[&str] = &["confighash.confighash.svc", "localhost", "127.0.0.1"];
 
 /// The leaf certificate presented on a fresh TLS connection.
 async fn presented_certificate(
@@ -496,7 +449,7 @@ struct Env {
     metrics: Arc<Metrics>,
     url: String,
     addr: SocketAddr,
-    ca: Ca,
+    ca: TestCa,
     volume: Mutex<SecretVolume>,
     templates: Arc<Vec<Template>>,
     expected: String,
@@ -572,9 +525,9 @@ async fn start(options: &Options) -> Env {
     }
 
     // The webhook, as `confighash serve` starts it.
-    let ca = Ca::new();
+    let ca = TestCa::new("load_run CA");
     let volume = {
-        let pair = ca.issue(0);
+        let pair = ca.issue(SERVING_NAMES);
         SecretVolume::new(&pair.cert_pem, &pair.key_pem)
     };
     let metrics = Arc::new(Metrics::new());
@@ -854,9 +807,8 @@ async fn renewals(
 ) -> Vec<Renewal> {
     let mut out = Vec::new();
     for (n, offset) in offsets.into_iter().enumerate() {
-        let generation = n as u32 + 1;
         tokio::time::sleep_until((start + offset).into()).await;
-        let pair = env.ca.issue(generation);
+        let pair = env.ca.issue(SERVING_NAMES);
         let written = Instant::now();
         env.volume
             .lock()

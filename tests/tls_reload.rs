@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use apiserver::{ServingPair, TestCa};
 use confighash::certs;
 use confighash::tls::{CertStore, TlsError, load_pair};
 use hyper::body::{Body as _, Incoming};
@@ -26,64 +27,27 @@ const DEADLINE: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------------------------
 // Certificates
 
-/// A CA that issues serving certificates for 127.0.0.1 and localhost.
-struct TestCa {
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    pem: String,
+/// The names the serving certificates are for: what the tests connect to.
+const NAMES: &[&str] = &["127.0.0.1", "localhost"];
+
+/// A CA that issues serving certificates for [`NAMES`].
+fn test_ca() -> TestCa {
+    TestCa::new("tls_reload test CA")
 }
 
-/// A serving pair, PEM.
-struct Pair {
-    cert_pem: String,
-    key_pem: String,
+fn issue(ca: &TestCa) -> ServingPair {
+    ca.issue(NAMES)
 }
 
-impl Pair {
-    fn leaf_der(&self) -> CertificateDer<'static> {
-        CertificateDer::from_pem_slice(self.cert_pem.as_bytes()).expect("a certificate")
-    }
+fn write_pair(dir: &Path, pair: &ServingPair) -> (PathBuf, PathBuf) {
+    write_pem(dir, &pair.cert_pem, &pair.key_pem)
 }
 
-impl TestCa {
-    fn new() -> Self {
-        let key = rcgen::KeyPair::generate().expect("a CA key");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "tls_reload test CA");
-        let cert = params.self_signed(&key).expect("a CA certificate");
-        TestCa {
-            pem: cert.pem(),
-            issuer: rcgen::Issuer::new(params, key),
-        }
-    }
-
-    fn issue(&self) -> Pair {
-        self.issue_until(std::time::SystemTime::now() + Duration::from_secs(30 * 86_400))
-    }
-
-    fn issue_until(&self, not_after: std::time::SystemTime) -> Pair {
-        let key = rcgen::KeyPair::generate().expect("a serving key");
-        let mut params =
-            rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-                .expect("serving params");
-        params.not_after = not_after.into();
-        let cert = params
-            .signed_by(&key, &self.issuer)
-            .expect("a serving certificate");
-        Pair {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-        }
-    }
-}
-
-fn write_pair(dir: &Path, pair: &Pair) -> (PathBuf, PathBuf) {
+fn write_pem(dir: &Path, cert_pem: &str, key_pem: &str) -> (PathBuf, PathBuf) {
     std::fs::create_dir_all(dir).expect("create dir");
     let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
-    std::fs::write(&cert, &pair.cert_pem).expect("write tls.crt");
-    std::fs::write(&key, &pair.key_pem).expect("write tls.key");
+    std::fs::write(&cert, cert_pem).expect("write tls.crt");
+    std::fs::write(&key, key_pem).expect("write tls.key");
     (cert, key)
 }
 
@@ -275,13 +239,7 @@ async fn alpn_negotiates_h2_and_http11() {
     // The stand-in API server's certificates load as they are.
     let test_certs = apiserver::TestCerts::generate();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = write_pair(
-        dir.path(),
-        &Pair {
-            cert_pem: test_certs.cert_pem.clone(),
-            key_pem: test_certs.key_pem.clone(),
-        },
-    );
+    let (cert, key) = write_pem(dir.path(), &test_certs.cert_pem, &test_certs.key_pem);
     let store = CertStore::load(&cert, &key).expect("load");
     let server = Server::start(&store).await;
     let ca = &test_certs.ca_pem;
@@ -315,9 +273,9 @@ async fn alpn_negotiates_h2_and_http11() {
 
 #[tokio::test]
 async fn only_tls12_and_tls13_are_offered() {
-    let ca = TestCa::new();
+    let ca = test_ca();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = write_pair(dir.path(), &ca.issue());
+    let (cert, key) = write_pair(dir.path(), &issue(&ca));
     let store = CertStore::load(&cert, &key).expect("load");
     let server = Server::start(&store).await;
 
@@ -400,9 +358,9 @@ fn tls11_client_hello(with_sig_algs: bool) -> Vec<u8> {
 #[tokio::test]
 async fn every_handshake_is_a_full_one() {
     // A resumed session would skip the certificate, so a replaced pair could live on in it.
-    let ca = TestCa::new();
+    let ca = test_ca();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = write_pair(dir.path(), &ca.issue());
+    let (cert, key) = write_pair(dir.path(), &issue(&ca));
     let store = CertStore::load(&cert, &key).expect("load");
     let server = Server::start(&store).await;
     for versions in [&[&rustls::version::TLS13][..], &[&rustls::version::TLS12]] {
@@ -432,12 +390,12 @@ mod kubelet_volume;
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kubelet_secret_rotation_is_served_without_failed_requests() {
-    let ca = TestCa::new();
-    let old = ca.issue();
-    let new = ca.issue();
+    let ca = test_ca();
+    let old = issue(&ca);
+    let new = issue(&ca);
     let mut volume = kubelet_volume::SecretVolume::new(&old.cert_pem, &old.key_pem);
     let store = CertStore::load(volume.cert(), volume.key()).expect("load");
-    assert_eq!(store.current().cert[0], old.leaf_der());
+    assert_eq!(store.current().cert[0], old.der.clone());
     let server = Server::start(&store).await;
 
     let swaps = Arc::new(AtomicUsize::new(0));
@@ -459,7 +417,7 @@ async fn kubelet_secret_rotation_is_served_without_failed_requests() {
     let seen_new = Arc::new(AtomicUsize::new(0));
     let client = tokio::spawn({
         let (stop, seen_old, seen_new) = (stop.clone(), seen_old.clone(), seen_new.clone());
-        let (old_der, new_der) = (old.leaf_der(), new.leaf_der());
+        let (old_der, new_der) = (old.der.clone(), new.der.clone());
         let config = default_client(&ca.pem);
         let addr = server.addr;
         async move {
@@ -502,13 +460,13 @@ async fn kubelet_secret_rotation_is_served_without_failed_requests() {
         "reload failures: {:?}",
         failures.lock().expect("lock")
     );
-    assert_eq!(store.current().cert[0], new.leaf_der());
+    assert_eq!(store.current().cert[0], new.der.clone());
 }
 
 #[tokio::test]
 async fn a_bad_new_pair_keeps_the_old_one_in_service() {
-    let ca = TestCa::new();
-    let old = ca.issue();
+    let ca = test_ca();
+    let old = issue(&ca);
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert, key) = write_pair(dir.path(), &old);
     let store = CertStore::load(&cert, &key).expect("load");
@@ -529,10 +487,10 @@ async fn a_bad_new_pair_keeps_the_old_one_in_service() {
         err.to_string().contains(&cert.display().to_string()),
         "{err}"
     );
-    assert_eq!(served().await, old.leaf_der());
+    assert_eq!(served().await, old.der.clone());
 
     // A good certificate with somebody else's key.
-    let other = ca.issue();
+    let other = issue(&ca);
     std::fs::write(&cert, &other.cert_pem).expect("write");
     let err = store.reload().expect_err("a mismatched key is refused");
     assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err}");
@@ -541,7 +499,7 @@ async fn a_bad_new_pair_keeps_the_old_one_in_service() {
         "{err}"
     );
     assert!(err.to_string().contains("does not match"), "{err}");
-    assert_eq!(served().await, old.leaf_der());
+    assert_eq!(served().await, old.der.clone());
 
     // A truncated key.
     std::fs::write(&cert, &old.cert_pem).expect("write");
@@ -551,27 +509,27 @@ async fn a_bad_new_pair_keeps_the_old_one_in_service() {
         err.to_string().contains(&key.display().to_string()),
         "{err}"
     );
-    assert_eq!(served().await, old.leaf_der());
+    assert_eq!(served().await, old.der.clone());
 
     // A missing file.
     std::fs::remove_file(&key).expect("remove");
     let err = store.reload().expect_err("a missing key is refused");
     assert!(matches!(err, TlsError::Read { .. }), "{err}");
-    assert_eq!(served().await, old.leaf_der());
+    assert_eq!(served().await, old.der.clone());
     assert_eq!(store.not_after(), old_not_after);
 
     // Fixed: the new pair goes into service, and reloading the same files changes nothing.
     write_pair(dir.path(), &other);
     assert!(store.reload().expect("a good pair"));
-    assert_eq!(served().await, other.leaf_der());
+    assert_eq!(served().await, other.der.clone());
     assert!(!store.reload().expect("unchanged"));
 }
 
 #[tokio::test]
 async fn an_open_connection_survives_a_swap() {
-    let ca = TestCa::new();
-    let old = ca.issue();
-    let new = ca.issue();
+    let ca = test_ca();
+    let old = issue(&ca);
+    let new = issue(&ca);
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert, key) = write_pair(dir.path(), &old);
     let store = CertStore::load(&cert, &key).expect("load");
@@ -583,7 +541,7 @@ async fn an_open_connection_survives_a_swap() {
         let tls = connect(server.addr, config, "localhost")
             .await
             .expect("handshake");
-        assert_eq!(peer_leaf(&tls), old.leaf_der());
+        assert_eq!(peer_leaf(&tls), old.der.clone());
         let mut http = Http::over(tls).await;
         http.get().await.expect("a request before the swap");
         open.push(http);
@@ -600,23 +558,23 @@ async fn an_open_connection_survives_a_swap() {
     let fresh = fetch_once(server.addr, default_client(&ca.pem))
         .await
         .expect("a new connection");
-    assert_eq!(fresh, new.leaf_der());
+    assert_eq!(fresh, new.der.clone());
 }
 
 #[tokio::test]
 async fn not_after_is_the_leafs() {
-    let ca = TestCa::new();
+    let ca = test_ca();
     let first_expiry = std::time::UNIX_EPOCH + Duration::from_secs(1_900_000_000);
     let second_expiry = std::time::UNIX_EPOCH + Duration::from_secs(2_000_000_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = write_pair(dir.path(), &ca.issue_until(first_expiry));
+    let (cert, key) = write_pair(dir.path(), &ca.issue_until(NAMES, first_expiry));
 
     let pair = load_pair(&cert, &key).expect("load_pair");
     assert_eq!(pair.not_after, 1_900_000_000);
     let store = CertStore::load(&cert, &key).expect("load");
     assert_eq!(store.not_after(), 1_900_000_000);
 
-    write_pair(dir.path(), &ca.issue_until(second_expiry));
+    write_pair(dir.path(), &ca.issue_until(NAMES, second_expiry));
     assert!(store.reload().expect("reload"));
     assert_eq!(store.not_after(), 2_000_000_000);
 }

@@ -17,4 +17,4 @@ pub mod user;
 
 pub use https::HttpsClient;
 pub use server::{ApiServer, Options};
-pub use testwebhook::{TestCerts, TestWebhook};
+pub use testwebhook::{ServingPair, TestCa, TestCerts, TestWebhook};

@@ -15,6 +15,66 @@ use tokio_rustls::TlsAcceptor;
 
 type Handler = dyn Fn(&Value) -> Value + Send + Sync;
 
+/// A test CA that issues serving pairs, as cert-manager's CA issuer would.
+pub struct TestCa {
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+    /// The CA certificate, PEM: what clients trust.
+    pub pem: String,
+}
+
+/// A serving certificate and its key, issued by a [`TestCa`].
+pub struct ServingPair {
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// The leaf certificate, DER: what a server presents.
+    pub der: CertificateDer<'static>,
+    key_der: Vec<u8>,
+}
+
+impl TestCa {
+    /// A new self-signed CA named `common_name`.
+    pub fn new(common_name: &str) -> Self {
+        let key = rcgen::KeyPair::generate().expect("a CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        let cert = params.self_signed(&key).expect("a CA certificate");
+        TestCa {
+            pem: cert.pem(),
+            issuer: rcgen::Issuer::new(params, key),
+        }
+    }
+
+    /// A serving pair for `names` (DNS names or IP addresses), valid for 30 days, with a new key.
+    pub fn issue(&self, names: &[&str]) -> ServingPair {
+        self.issue_until(
+            names,
+            std::time::SystemTime::now() + std::time::Duration::from_secs(30 * 86_400),
+        )
+    }
+
+    /// A serving pair for `names` that expires at `not_after`, with a new key.
+    pub fn issue_until(&self, names: &[&str], not_after: std::time::SystemTime) -> ServingPair {
+        let key = rcgen::KeyPair::generate().expect("a serving key");
+        let mut params = rcgen::CertificateParams::new(
+            names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>(),
+        )
+        .expect("serving params");
+        params.not_after = not_after.into();
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("a serving certificate");
+        ServingPair {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            der: cert.der().clone(),
+            key_der: key.serialize_der(),
+        }
+    }
+}
+
 /// A CA and a serving certificate for `127.0.0.1` and `localhost`.
 pub struct TestCerts {
     pub ca_pem: String,
@@ -26,27 +86,14 @@ pub struct TestCerts {
 
 impl TestCerts {
     pub fn generate() -> Self {
-        let ca_key = rcgen::KeyPair::generate().expect("a CA key");
-        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "stand-in test CA");
-        let ca_cert = ca_params.self_signed(&ca_key).expect("a CA certificate");
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().expect("a serving key");
-        let params =
-            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-                .expect("serving params");
-        let cert = params
-            .signed_by(&key, &issuer)
-            .expect("a serving certificate");
+        let ca = TestCa::new("stand-in test CA");
+        let pair = ca.issue(&["localhost", "127.0.0.1"]);
         TestCerts {
-            ca_pem: ca_cert.pem(),
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            cert_der: cert.der().clone(),
-            key_der: key.serialize_der(),
+            ca_pem: ca.pem,
+            cert_pem: pair.cert_pem,
+            key_pem: pair.key_pem,
+            cert_der: pair.der,
+            key_der: pair.key_der,
         }
     }
 
