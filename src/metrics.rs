@@ -224,7 +224,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Records a certificate reload attempt that found changed files.
     /// A connection of the webhook port opened (`true`) or closed (`false`).
     pub fn connection(&self, opened: bool) {
         if opened {
@@ -244,6 +243,7 @@ impl Metrics {
         self.connection_limit_reached.get()
     }
 
+    /// Records a certificate reload attempt that found changed files.
     pub fn cert_reload(&self, ok: bool) {
         if ok {
             self.cert_reloads.inc();

@@ -273,8 +273,9 @@ struct Listener {
     listener: TcpListener,
     slots: Arc<Semaphore>,
     max_connections: usize,
-    /// Connections open now.
+    /// Connections open now, on this server ([`Running::connections`]).
     open: Arc<AtomicUsize>,
+    /// The same count for `/metrics`; the metrics may be shared by servers (as across a restart).
     metrics: Arc<Metrics>,
 }
 
