@@ -422,15 +422,16 @@ async fn expected_stamp(key: &StampKey) -> String {
     let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::Deployment, &obj) else {
         panic!("the fixture is not a workload");
     };
-    let resolved = lookup::resolve(
-        &fixture::MemorySource::new(),
-        fixture::NAMESPACE,
-        &info.refs,
-        LOOKUP_DEADLINE,
-        &Metrics::new(),
-    )
-    .await
-    .expect("the in-memory lookup");
+    let resolved = lookup::Lookups::new(Arc::new(fixture::MemorySource::new()), 16)
+        .resolve(
+            fixture::NAMESPACE,
+            &info.refs,
+            LOOKUP_DEADLINE,
+            &Metrics::new(),
+            &lookup::MemoryBudget::new(1 << 26),
+        )
+        .await
+        .expect("the in-memory lookup");
     match resolved.lookup(key, &info.refs).expect("the recipe") {
         Lookup::Resolved {
             expected,
@@ -512,6 +513,7 @@ async fn start(options: &Options) -> Env {
                             .await
                             .map(drop)
                     }
+                    Fetched::Entry(_) => unreachable!("the fixture holds whole objects"),
                 }
             }
         })
@@ -531,13 +533,14 @@ async fn start(options: &Options) -> Env {
         SecretVolume::new(&pair.cert_pem, &pair.key_pem)
     };
     let metrics = Arc::new(Metrics::new());
-    let webhook = Arc::new(Webhook {
-        source: Arc::new(KubeSource::new(confighash)),
-        keys: Arc::new(KeyStore::new(key)),
-        metrics: metrics.clone(),
-        lookup_deadline: LOOKUP_DEADLINE,
-        options: Default::default(),
-    });
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(KubeSource::new(confighash)),
+            Arc::new(KeyStore::new(key)),
+            metrics.clone(),
+        )
+        .with_lookup_deadline(LOOKUP_DEADLINE),
+    );
     let running = serve::start(ServeConfig {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),

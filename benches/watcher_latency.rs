@@ -119,13 +119,15 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
     std::fs::write(dir.path().join("tls.key"), &certs.key_pem).expect("write the key");
     let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key"))
         .expect("the serving pair");
-    let webhook = Arc::new(Webhook {
-        source: Arc::new(KubeSource::new(client.clone())),
-        keys: keys.clone(),
-        metrics: metrics.clone(),
-        lookup_deadline: Duration::from_secs(2),
-        options: config.rules,
-    });
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(KubeSource::new(client.clone())),
+            keys.clone(),
+            metrics.clone(),
+        )
+        .with_lookup_deadline(Duration::from_secs(2))
+        .with_options(config.rules),
+    );
     let running = serve::start(ServeConfig {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),

@@ -26,15 +26,14 @@ use fixture::{KEY, MemorySource, ReviewFixture};
 mod fixture;
 
 fn webhook() -> Webhook {
-    Webhook {
-        source: Arc::new(MemorySource::new()),
-        keys: Arc::new(KeyStore::new(
+    Webhook::new(
+        Arc::new(MemorySource::new()),
+        Arc::new(KeyStore::new(
             confighash::checksum::StampKey::new(KEY.to_vec()).expect("a long enough key"),
         )),
-        metrics: Arc::new(Metrics::new()),
-        lookup_deadline: Duration::from_secs(2),
-        options: Default::default(),
-    }
+        Arc::new(Metrics::new()),
+    )
+    .with_lookup_deadline(Duration::from_secs(2))
 }
 
 /// Rounds and calls per block of [`interleaved_ratio`].

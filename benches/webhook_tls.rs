@@ -445,15 +445,16 @@ async fn run(options: Options) {
     let key_path = dir.path().join("tls.key");
     std::fs::write(&cert_path, &certs.cert_pem).expect("write tls.crt");
     std::fs::write(&key_path, &certs.key_pem).expect("write tls.key");
-    let webhook = Arc::new(Webhook {
-        source: Arc::new(MemorySource::new()),
-        keys: Arc::new(KeyStore::new(
-            StampKey::new(KEY.to_vec()).expect("a long enough key"),
-        )),
-        metrics: Arc::new(Metrics::new()),
-        lookup_deadline: Duration::from_secs(2),
-        options: Default::default(),
-    });
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(MemorySource::new()),
+            Arc::new(KeyStore::new(
+                StampKey::new(KEY.to_vec()).expect("a long enough key"),
+            )),
+            Arc::new(Metrics::new()),
+        )
+        .with_lookup_deadline(Duration::from_secs(2)),
+    );
     // The answer both servers must send: the handler's own, serialised as axum's Json does.
     let expected = webhook.answer(&body).await.expect("a review");
     assert_eq!(expected["response"]["allowed"], true, "{expected}");

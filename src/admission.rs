@@ -4,6 +4,7 @@
 //! ([`rules::decide`]) and the patch is [`patch::build`]'s. A well-formed review is always
 //! allowed: confighash mutates, it never blocks a deploy.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,14 +19,17 @@ use base64::Engine;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::key::KeyStore;
-use crate::lookup::{self, ConfigSource};
+use crate::lookup::{self, ConfigSource, Lookups, MemoryBudget};
 use crate::metrics::Metrics;
 use crate::patch;
+use crate::refs;
 use crate::rules::{self, Current, Decision, Lookup, Outcome, Trigger};
-use crate::workload::{self, Analysis, WorkloadKind};
+use crate::workload::{
+    self, Analysis, UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES, WorkloadKind,
+};
 
 /// Largest review body accepted: an UPDATE carries two objects of up to 1.5 MiB each, base64
 /// and the envelope on top.
@@ -61,8 +65,7 @@ pub const PARSED_VALUE_COST: usize = 192;
 #[derive(Debug, Clone)]
 pub struct ReviewLimits {
     timeout: Duration,
-    memory: Arc<Semaphore>,
-    capacity: usize,
+    memory: MemoryBudget,
 }
 
 impl Default for ReviewLimits {
@@ -75,34 +78,107 @@ impl ReviewLimits {
     /// Reviews must be received and answered within `timeout`, and hold at most `memory` bytes at
     /// once (at least [`MIN_REVIEW_MEMORY`]).
     pub fn new(timeout: Duration, memory: usize) -> Self {
-        let capacity = memory.clamp(MIN_REVIEW_MEMORY, Semaphore::MAX_PERMITS);
         ReviewLimits {
             timeout,
-            memory: Arc::new(Semaphore::new(capacity)),
-            capacity,
+            memory: MemoryBudget::new(memory.max(MIN_REVIEW_MEMORY)),
         }
     }
 
-    /// Bytes of the memory budget held by reviews now.
+    /// Bytes of the memory budget held by reviews (and the objects their lookups read) now.
     pub fn memory_in_use(&self) -> usize {
-        self.capacity - self.memory.available_permits()
+        self.memory.in_use()
     }
 
     /// Takes `bytes` of the budget at once, or none if that much is not free.
     fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let bytes = u32::try_from(bytes).ok()?;
-        self.memory.clone().try_acquire_many_owned(bytes).ok()
+        self.memory.try_reserve(bytes)
+    }
+
+    fn capacity(&self) -> usize {
+        self.memory.capacity()
     }
 }
 
-/// What the webhook needs to answer reviews.
+/// The namespace whose objects the webhook never reads, whatever a review says.
+pub const KUBE_SYSTEM: &str = "kube-system";
+/// The default of `--max-references`.
+pub const DEFAULT_MAX_REFERENCES: usize = 256;
+/// The default lookup deadline (`--lookup-deadline`).
+pub const DEFAULT_LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
+
+/// What the webhook needs to answer reviews: [`Webhook::new`], then the `with_` methods for
+/// anything other than the defaults.
 pub struct Webhook {
-    pub source: Arc<dyn ConfigSource>,
-    pub keys: Arc<KeyStore>,
-    pub metrics: Arc<Metrics>,
+    lookups: Lookups,
+    keys: Arc<KeyStore>,
+    metrics: Arc<Metrics>,
     /// One deadline for all lookups of a review, well below the webhook's `timeoutSeconds`.
-    pub lookup_deadline: Duration,
-    pub options: rules::Options,
+    lookup_deadline: Duration,
+    options: rules::Options,
+    /// Distinct objects a workload may reference; over it nothing is read.
+    max_references: usize,
+    /// Namespaces whose objects are never read: `kube-system`, confighash's own and
+    /// `--exclude-namespaces`.
+    excluded: BTreeSet<String>,
+}
+
+impl Webhook {
+    /// A webhook reading from `source`, with the defaults of `confighash serve`.
+    pub fn new(source: Arc<dyn ConfigSource>, keys: Arc<KeyStore>, metrics: Arc<Metrics>) -> Self {
+        Webhook {
+            lookups: Lookups::new(source, lookup::DEFAULT_MAX_READS_IN_FLIGHT),
+            keys,
+            metrics,
+            lookup_deadline: DEFAULT_LOOKUP_DEADLINE,
+            options: rules::Options::default(),
+            max_references: DEFAULT_MAX_REFERENCES,
+            excluded: BTreeSet::from([KUBE_SYSTEM.to_owned()]),
+        }
+    }
+
+    pub fn with_lookup_deadline(mut self, deadline: Duration) -> Self {
+        self.lookup_deadline = deadline;
+        self
+    }
+
+    pub fn with_options(mut self, options: rules::Options) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// `--max-references` (at least 1).
+    pub fn with_max_references(mut self, max: usize) -> Self {
+        self.max_references = max.max(1);
+        self
+    }
+
+    /// Namespaces never read besides `kube-system` (confighash's own, `--exclude-namespaces`).
+    pub fn with_excluded_namespaces(
+        mut self,
+        namespaces: impl IntoIterator<Item = String>,
+    ) -> Self {
+        self.excluded.extend(namespaces);
+        self
+    }
+
+    /// Reads in flight for all reviews together.
+    pub fn with_max_reads_in_flight(mut self, max: usize) -> Self {
+        self.lookups = self.lookups.with_cap(max);
+        self
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn keys(&self) -> &Arc<KeyStore> {
+        &self.keys
+    }
+
+    /// Places under the shared cap of reads that are free now.
+    pub fn reads_free(&self) -> usize {
+        self.lookups.places_free()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -249,18 +325,18 @@ async fn review(
         // Parsed, the review takes far more than its bytes when it is made of many small values:
         // that is counted against the budget too, before parsing.
         let parsing = parse_cost(&bytes);
-        if parsing > limits.capacity - held.num_permits() {
+        if parsing > limits.capacity() - held.num_permits() {
             return Err(BadRequest {
                 status: StatusCode::PAYLOAD_TOO_LARGE,
                 message: format!(
                     "the review has too many JSON values to parse within the webhook's memory \
                      budget ({} bytes)",
-                    limits.capacity
+                    limits.capacity()
                 ),
             });
         }
         held.merge(limits.reserve(parsing).ok_or_else(BadRequest::busy)?);
-        webhook.answer(&bytes).await
+        webhook.answer_within(&bytes, &limits.memory).await
     };
     match tokio::time::timeout(limits.timeout, work).await {
         Ok(Ok(review)) => axum::Json(review).into_response(),
@@ -362,15 +438,29 @@ async fn read_body(
 }
 
 impl Webhook {
-    /// Answers one review body, or says why it is not a review.
+    /// Answers one review body, or says why it is not a review, with a memory budget of its own.
     pub async fn answer(&self, body: &[u8]) -> Result<Value, BadRequest> {
-        let review: Review = serde_json::from_slice(body)
-            .map_err(|e| BadRequest::new(format!("the body is not an AdmissionReview: {e}")))?;
+        self.answer_within(body, &MemoryBudget::new(DEFAULT_REVIEW_MEMORY))
+            .await
+    }
+
+    /// Answers one review body, the objects its lookups read taken from `budget`.
+    pub async fn answer_within(
+        &self,
+        body: &[u8],
+        budget: &MemoryBudget,
+    ) -> Result<Value, BadRequest> {
+        let review: Review = serde_json::from_slice(body).map_err(|e| {
+            BadRequest::new(format!(
+                "the body is not an AdmissionReview: {}",
+                crate::redact::json_error(&e)
+            ))
+        })?;
         match review.api_version.as_deref() {
             Some(REVIEW_API_VERSION) => {}
-            Some(other) => {
+            Some(_) => {
                 return Err(BadRequest::new(format!(
-                    "unsupported apiVersion {other:?}; confighash serves {REVIEW_API_VERSION}"
+                    "unsupported apiVersion; confighash serves {REVIEW_API_VERSION}"
                 )));
             }
             None => return Err(BadRequest::new("the AdmissionReview has no apiVersion")),
@@ -386,7 +476,13 @@ impl Webhook {
             .clone()
             .filter(|u| !u.is_empty())
             .ok_or_else(|| BadRequest::new("the AdmissionReview request has no uid"))?;
-        let patch = self.decide(&request).await;
+        if uid.len() > MAX_UID_LEN || uid.chars().any(char::is_control) {
+            return Err(BadRequest::new(format!(
+                "the AdmissionReview request's uid is not a uid (at most {MAX_UID_LEN} \
+                 characters, no control characters)"
+            )));
+        }
+        let patch = self.decide(&request, budget).await?;
         let mut response = json!({"uid": uid, "allowed": true});
         if let Some(patch) = patch {
             response["patchType"] = json!("JSONPatch");
@@ -399,24 +495,57 @@ impl Webhook {
         }))
     }
 
-    /// The serialized JSONPatch to return, if any; counts and logs the decision.
-    async fn decide(&self, request: &Request) -> Option<Vec<u8>> {
+    /// The serialized JSONPatch to return, if any; counts and logs the decision. A workload
+    /// review whose namespace or name could not name an object is refused: they go into request
+    /// paths and log lines.
+    async fn decide(
+        &self,
+        request: &Request,
+        budget: &MemoryBudget,
+    ) -> Result<Option<Vec<u8>>, BadRequest> {
         let operation: &'static str = match request.operation.as_deref() {
             Some("CREATE") => "CREATE",
             Some("UPDATE") => "UPDATE",
             // DELETE and CONNECT are allowed untouched.
             _ => {
                 self.metrics.request("", "other", Outcome::Skipped.as_str());
-                return None;
+                return Ok(None);
             }
         };
         let Some(kind) = WorkloadKind::from_group_kind(&request.kind.group, &request.kind.kind)
         else {
             self.metrics
                 .request("", operation, Outcome::Skipped.as_str());
-            return None;
+            return Ok(None);
         };
         let label = kind.kind();
+        let namespace = request.namespace.as_deref().unwrap_or("");
+        if !refs::is_namespace_name(namespace) {
+            return Err(BadRequest::new(
+                "request.namespace is not a namespace name (a DNS-1123 label); workloads are \
+                 namespaced",
+            ));
+        }
+        let name = request.name.as_deref().unwrap_or("");
+        if !name.is_empty() && !refs::is_object_name(name) {
+            return Err(BadRequest::new(
+                "request.name is not an object name (a DNS-1123 subdomain)",
+            ));
+        }
+        if self.excluded.contains(namespace) {
+            // The namespace labels the review claims are the sender's words: objects here are
+            // never read.
+            tracing::debug!(
+                kind = label,
+                namespace,
+                name,
+                operation,
+                "excluded namespace; allowed unchanged"
+            );
+            self.metrics
+                .request(label, operation, Outcome::Skipped.as_str());
+            return Ok(None);
+        }
         let Some(object) = request.object.as_ref() else {
             tracing::warn!(
                 kind = label,
@@ -425,22 +554,20 @@ impl Webhook {
             );
             self.metrics
                 .request(label, operation, Outcome::Skipped.as_str());
-            return None;
+            return Ok(None);
         };
-        let namespace = request.namespace.as_deref().unwrap_or("");
-        let name = request.name.as_deref().unwrap_or("");
         let info = match workload::analyze(kind, object) {
             Ok(Analysis::Workload(info)) => info,
             Ok(_) => {
                 self.metrics
                     .request(label, operation, Outcome::Skipped.as_str());
-                return None;
+                return Ok(None);
             }
             Err(e) => {
                 tracing::warn!(kind = label, namespace, name, error = %e, "cannot read the workload; allowed unchanged");
                 self.metrics
                     .request(label, operation, Outcome::Skipped.as_str());
-                return None;
+                return Ok(None);
             }
         };
         let current = Current {
@@ -459,19 +586,34 @@ impl Webhook {
         };
 
         let key = self.keys.current();
+        let too_many = !info.opted_out && info.refs.len() > self.max_references;
         let lookup = if info.opted_out {
             // Rule 4 needs no lookup.
             Lookup::Failed
-        } else {
-            match lookup::resolve(
-                self.source.as_ref(),
+        } else if too_many {
+            // Rule 1, terminal: nothing is read.
+            tracing::warn!(
+                kind = label,
                 namespace,
-                &info.refs,
-                self.lookup_deadline,
-                &self.metrics,
-            )
-            .await
-            .and_then(|resolved| Ok(resolved.lookup(&key, &info.refs)?))
+                name,
+                operation,
+                references = info.refs.len(),
+                max_references = self.max_references,
+                "the workload references more objects than --max-references; nothing is read"
+            );
+            Lookup::Failed
+        } else {
+            match self
+                .lookups
+                .resolve(
+                    namespace,
+                    &info.refs,
+                    self.lookup_deadline,
+                    &self.metrics,
+                    budget,
+                )
+                .await
+                .and_then(|resolved| Ok(resolved.lookup(&key, &info.refs)?))
             {
                 Ok(lookup) => lookup,
                 Err(e) => {
@@ -489,27 +631,43 @@ impl Webhook {
             key.id(),
             self.options,
         );
-        self.metrics
-            .request(label, operation, decision.outcome.as_str());
+        let outcome = if too_many {
+            TOO_MANY_REFERENCES_OUTCOME
+        } else {
+            decision.outcome.as_str()
+        };
+        self.metrics.request(label, operation, outcome);
         tracing::debug!(
             kind = label,
             namespace,
             name,
             operation,
-            outcome = decision.outcome.as_str(),
+            outcome,
             stamp = decision.stamp.as_deref().unwrap_or(""),
             "decided"
         );
-        if !decision.changes(current) {
-            return None;
+        if !decision.changes(current) && !too_many {
+            return Ok(None);
         }
-        match patch::build(object, kind, decision.stamp.as_deref(), decision.marker) {
-            Ok(p) if p.0.is_empty() => None,
-            Ok(p) => serde_json::to_vec(&p).ok(),
-            Err(e) => {
-                tracing::warn!(kind = label, namespace, name, error = %e, "cannot patch the workload; allowed unchanged");
-                None
-            }
-        }
+        let marker = decision.marker.then_some(if too_many {
+            UNSTAMPED_TOO_MANY_REFERENCES
+        } else {
+            UNSTAMPED_LOOKUP_FAILED
+        });
+        Ok(
+            match patch::build_with_marker(object, kind, decision.stamp.as_deref(), marker) {
+                Ok(p) if p.0.is_empty() => None,
+                Ok(p) => serde_json::to_vec(&p).ok(),
+                Err(e) => {
+                    tracing::warn!(kind = label, namespace, name, error = %e, "cannot patch the workload; allowed unchanged");
+                    None
+                }
+            },
+        )
     }
 }
+
+/// The review outcome counted when a workload references more than `--max-references` objects.
+pub const TOO_MANY_REFERENCES_OUTCOME: &str = "too-many-references";
+/// The longest `request.uid` answered (Kubernetes sends UUIDs, 36 characters).
+const MAX_UID_LEN: usize = 128;

@@ -121,6 +121,21 @@ pub struct ServeArgs {
     /// One deadline for all lookups of a review, well below the webhook's timeoutSeconds.
     #[arg(long, env = "CONFIGHASH_LOOKUP_DEADLINE", value_name = "DUR", default_value = "2s", value_parser = parse_duration)]
     pub lookup_deadline: Duration,
+    /// Distinct ConfigMaps and Secrets a workload may reference. Over it nothing is read and the
+    /// workload is marked `confighash.dev/unstamped: too-many-references` (never retried).
+    #[arg(long, env = "CONFIGHASH_MAX_REFERENCES", value_name = "N", default_value_t = crate::admission::DEFAULT_MAX_REFERENCES, value_parser = parse_max_references)]
+    pub max_references: usize,
+    /// Namespaces whose objects the webhook never reads and the watcher never touches, besides
+    /// `kube-system` and confighash's own (comma separated; the webhook configuration should
+    /// exclude them too).
+    #[arg(
+        long,
+        env = "CONFIGHASH_EXCLUDE_NAMESPACES",
+        value_name = "NS,...",
+        value_delimiter = ',',
+        value_parser = parse_namespace
+    )]
+    pub exclude_namespaces: Vec<String>,
     /// The change window: the first content change of a referenced object opens it, and when it
     /// closes every change seen in it is handled; also the minimum interval between two touches
     /// of one workload.
@@ -178,6 +193,22 @@ fn parse_max_connections(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
         _ => Err(format!("{s:?} is not a number from 1 to 1000000")),
+    }
+}
+
+fn parse_max_references(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=100_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a number from 1 to 100000")),
+    }
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if crate::refs::is_namespace_name(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?} is not a namespace name (a DNS-1123 label)"))
     }
 }
 

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod offline;
 pub mod pace;
 pub mod patch;
+pub mod redact;
 pub mod refs;
 pub mod rules;
 pub mod selfsigned;

@@ -1,45 +1,149 @@
-//! Reading a workload's references: every object in parallel under one deadline.
+//! Reading a workload's references: every object under one deadline, within shared bounds.
 //!
 //! NotFound is "absent", not an error. Any other error, or the deadline passing, fails the whole
 //! lookup (stamp rule 1), because a stamp computed from part of the inputs would be wrong.
+//!
+//! Anyone who reaches the webhook's port can send a review, so what a review can make this module
+//! do is bounded:
+//! - a namespace and every name go into a URL only once they are valid Kubernetes names
+//!   ([`object_path`]): the client library formats paths without escaping;
+//! - a review reads at most [`MAX_CONCURRENT_READS`] objects at once, and all reviews together
+//!   at most [`Lookups`]' cap, handed out in turn across reviews ([`Fair`]), so a flood of
+//!   large reviews cannot starve a small one;
+//! - the bytes of every object read count against the webhook's [`MemoryBudget`] while they are
+//!   read and decoded; only per-key digests are kept afterwards;
+//! - an object's content never reaches an error message or a log line: errors name the object and
+//!   say what was wrong, never quote the answer.
 
-use std::collections::BTreeMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine;
 use futures::StreamExt;
 use futures::future::BoxFuture;
+use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::Api;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::checksum::{self, ObjectView, RecipeError, RefState, Stamp, StampKey};
+use crate::checksum::{
+    self, ObjectDigest, ObjectView, RecipeError, RefState, Stamp, StampKey, Tag, ValueDigest,
+};
 use crate::metrics::Metrics;
-use crate::refs::{ObjectKind, ObjectRef, References};
+use crate::refs::{self, ObjectKind, ObjectRef, References};
 use crate::rules::Lookup;
 
-/// A referenced object as read from the API server.
+/// The largest object answer read: etcd keeps objects up to 1.5 MiB, which base64 and JSON
+/// escapes can make about twice as large.
+pub const MAX_OBJECT_BYTES: usize = 4 * 1024 * 1024;
+
+/// Memory the webhook's reviews may hold at once, all together: review bodies, what parsing them
+/// takes, and the objects their lookups read while those are decoded. Taken in bytes; what is
+/// taken is given back when its permit is dropped.
+#[derive(Debug, Clone)]
+pub struct MemoryBudget {
+    semaphore: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl MemoryBudget {
+    pub fn new(bytes: usize) -> Self {
+        let capacity = bytes.clamp(1, Semaphore::MAX_PERMITS);
+        MemoryBudget {
+            semaphore: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        }
+    }
+
+    /// The whole budget in bytes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Bytes held now.
+    pub fn in_use(&self) -> usize {
+        self.capacity - self.semaphore.available_permits()
+    }
+
+    /// Takes `bytes` at once, or nothing if that much is not free now.
+    pub fn try_reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let bytes = u32::try_from(bytes).ok()?;
+        self.semaphore.clone().try_acquire_many_owned(bytes).ok()
+    }
+
+    /// Takes `bytes`, waiting until that much is free; `None` when it never can be.
+    pub async fn reserve(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        if bytes > self.capacity {
+            return None;
+        }
+        let bytes = u32::try_from(bytes).ok()?;
+        self.semaphore.clone().acquire_many_owned(bytes).await.ok()
+    }
+}
+
+/// What the recipe needs of one existing object: per-key digests, or that it is ignored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectEntry {
+    /// Annotated `confighash.dev/ignore: "true"`: left out of every checksum.
+    pub ignored: bool,
+    pub digest: ObjectDigest,
+}
+
+impl ObjectEntry {
+    /// The entry of a ConfigMap: `data` (UTF-8) and `binaryData` (decoded).
+    pub fn config_map(cm: &ConfigMap) -> Result<Self, RecipeError> {
+        if checksum::is_ignored(cm.metadata.annotations.as_ref()) {
+            return Ok(ObjectEntry::ignored());
+        }
+        Ok(ObjectEntry {
+            ignored: false,
+            digest: ObjectDigest::from_view(&ObjectView::config_map(cm)?),
+        })
+    }
+
+    /// The entry of a Secret: `data` (decoded), with `stringData` merged over it.
+    pub fn secret(secret: &Secret) -> Self {
+        if checksum::is_ignored(secret.metadata.annotations.as_ref()) {
+            return ObjectEntry::ignored();
+        }
+        ObjectEntry {
+            ignored: false,
+            digest: ObjectDigest::from_view(&ObjectView::secret(secret)),
+        }
+    }
+
+    fn ignored() -> Self {
+        ObjectEntry {
+            ignored: true,
+            digest: ObjectDigest::default(),
+        }
+    }
+}
+
+/// A referenced object as a [`ConfigSource`] found it.
 #[derive(Debug, Clone)]
 pub enum Fetched {
     ConfigMap(ConfigMap),
     Secret(Secret),
+    /// Already reduced to what the recipe needs.
+    Entry(ObjectEntry),
 }
 
 impl Fetched {
-    fn annotations(&self) -> Option<&BTreeMap<String, String>> {
+    fn into_entry(self) -> Result<ObjectEntry, RecipeError> {
         match self {
-            Fetched::ConfigMap(c) => c.metadata.annotations.as_ref(),
-            Fetched::Secret(s) => s.metadata.annotations.as_ref(),
-        }
-    }
-
-    fn view(&self) -> Result<ObjectView<'_>, RecipeError> {
-        match self {
-            Fetched::ConfigMap(c) => ObjectView::config_map(c),
-            Fetched::Secret(s) => Ok(ObjectView::secret(s)),
+            Fetched::ConfigMap(cm) => ObjectEntry::config_map(&cm),
+            Fetched::Secret(s) => Ok(ObjectEntry::secret(&s)),
+            Fetched::Entry(e) => Ok(e),
         }
     }
 }
 
-/// Why a lookup failed.
+/// Why a lookup failed. No variant carries an object's content.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LookupError {
     #[error("reading {object}: {message}")]
@@ -52,16 +156,52 @@ pub enum LookupError {
 
 /// Where referenced objects are read from.
 pub trait ConfigSource: Send + Sync + 'static {
-    /// The object, `None` when it does not exist.
+    /// The object, `None` when it does not exist. Bytes read along the way are taken from
+    /// `budget` while they are held. The error message must not quote what was read.
     fn fetch<'a>(
         &'a self,
         namespace: &'a str,
         object: &'a ObjectRef,
+        budget: &'a MemoryBudget,
     ) -> BoxFuture<'a, Result<Option<Fetched>, String>>;
+}
+
+/// Why a name cannot go into a request path.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("the namespace is not a valid namespace name (a DNS-1123 label)")]
+    Namespace,
+    #[error("the name is not a valid ConfigMap or Secret name (a DNS-1123 subdomain)")]
+    Name,
+}
+
+/// The API path of a ConfigMap or Secret, built only from valid names: a namespace is a DNS-1123
+/// label and an object name a DNS-1123 subdomain, so neither can hold `/`, `?`, `%` or `..`.
+/// Every lookup path is built here.
+pub fn object_path(namespace: &str, object: &ObjectRef) -> Result<String, PathError> {
+    if !refs::is_namespace_name(namespace) {
+        return Err(PathError::Namespace);
+    }
+    if !refs::is_object_name(&object.name) {
+        return Err(PathError::Name);
+    }
+    let plural = match object.kind {
+        ObjectKind::ConfigMap => "configmaps",
+        ObjectKind::Secret => "secrets",
+    };
+    Ok(format!(
+        "/api/v1/namespaces/{namespace}/{plural}/{}",
+        object.name
+    ))
 }
 
 /// Reads straight from the API server. A get without a resourceVersion is a consistent (quorum)
 /// read, so a ConfigMap written just before its Deployment is seen.
+///
+/// The answer is read by hand rather than through `kube::Api`: the client library logs a body it
+/// cannot parse (at WARN) and error bodies (at DEBUG), and either can hold Secret data. Here the
+/// body is decoded into the few fields the recipe needs, each value hashed as it is decoded, and
+/// errors say only what was wrong.
 pub struct KubeSource {
     client: kube::Client,
 }
@@ -70,6 +210,40 @@ impl KubeSource {
     pub fn new(client: kube::Client) -> Self {
         KubeSource { client }
     }
+
+    async fn get(
+        &self,
+        namespace: &str,
+        object: &ObjectRef,
+        budget: &MemoryBudget,
+    ) -> Result<Option<Fetched>, String> {
+        let path = object_path(namespace, object).map_err(|e| e.to_string())?;
+        let request = http::Request::get(path)
+            .header(http::header::ACCEPT, "application/json")
+            .body(kube::client::Body::empty())
+            .map_err(|e| format!("cannot build the request: {e}"))?;
+        let response = self
+            .client
+            .send(request)
+            .await
+            .map_err(|e| crate::redact::kube_error(&e))?;
+        let status = response.status();
+        if status == http::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            // The body (a Status, or anything a proxy sends) is not read: its message can quote
+            // object content.
+            return Err(format!("the API server answered {status}"));
+        }
+        let declared = response
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let (body, _held) = read_limited(response.into_body(), declared, budget).await?;
+        decode_object(object, &body).map(|e| Some(Fetched::Entry(e)))
+    }
 }
 
 impl ConfigSource for KubeSource {
@@ -77,29 +251,210 @@ impl ConfigSource for KubeSource {
         &'a self,
         namespace: &'a str,
         object: &'a ObjectRef,
+        budget: &'a MemoryBudget,
     ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
-        Box::pin(async move {
-            match object.kind {
-                ObjectKind::ConfigMap => {
-                    Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
-                        .get_opt(&object.name)
-                        .await
-                        .map(|o| o.map(Fetched::ConfigMap))
-                }
-                ObjectKind::Secret => Api::<Secret>::namespaced(self.client.clone(), namespace)
-                    .get_opt(&object.name)
-                    .await
-                    .map(|o| o.map(Fetched::Secret)),
+        Box::pin(self.get(namespace, object, budget))
+    }
+}
+
+/// An answer's body, at most [`MAX_OBJECT_BYTES`], its buffer taken from `budget` as it grows
+/// (twice over: decoding may copy strings that hold escapes).
+async fn read_limited(
+    mut body: kube::client::Body,
+    declared: Option<u64>,
+    budget: &MemoryBudget,
+) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), String> {
+    let too_large = || format!("the answer is larger than {MAX_OBJECT_BYTES} bytes");
+    if declared.is_some_and(|n| n > MAX_OBJECT_BYTES as u64) {
+        return Err(too_large());
+    }
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut buf: Vec<u8> = Vec::new();
+    let initial = declared.map_or(16 * 1024, |n| n as usize);
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| format!("reading the answer: {}", crate::redact::kube_error(&e)))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let needed = buf.len() + data.len();
+        if needed > MAX_OBJECT_BYTES {
+            return Err(too_large());
+        }
+        if needed > buf.capacity() {
+            let capacity = needed
+                .max(buf.capacity() * 2)
+                .max(initial)
+                .min(MAX_OBJECT_BYTES);
+            let more = budget
+                .reserve(2 * (capacity - buf.capacity()))
+                .await
+                .ok_or_else(|| {
+                    "the answer does not fit in the webhook's memory budget".to_owned()
+                })?;
+            match held.as_mut() {
+                Some(h) => h.merge(more),
+                None => held = Some(more),
             }
-            .map_err(|e| e.to_string())
-        })
+            buf.reserve_exact(capacity - buf.len());
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok((buf, held))
+}
+
+/// A string that borrows from the input where it holds no escapes.
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// The few fields of a ConfigMap or Secret the recipe reads; every other field is skipped.
+struct LeanObject<'a> {
+    kind: Option<Text<'a>>,
+    metadata: Option<LeanMeta<'a>>,
+    data: Option<Vec<(Text<'a>, Text<'a>)>>,
+    binary_data: Option<Vec<(Text<'a>, Text<'a>)>>,
+}
+
+struct LeanMeta<'a> {
+    annotations: Option<Vec<(Text<'a>, Text<'a>)>>,
+}
+
+/// A JSON object read as its members in order (duplicates kept; the last one wins later).
+mod members {
+    use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+    use std::marker::PhantomData;
+
+    pub struct Members<K, V>(pub Vec<(K, V)>);
+
+    impl<'de, K: Deserialize<'de>, V: Deserialize<'de>> Deserialize<'de> for Members<K, V> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V_<K, V>(PhantomData<(K, V)>);
+            impl<'de, K: Deserialize<'de>, V: Deserialize<'de>> Visitor<'de> for V_<K, V> {
+                type Value = Members<K, V>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a map of strings")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                    let mut out = Vec::with_capacity(map.size_hint().unwrap_or(0).min(1024));
+                    while let Some(entry) = map.next_entry()? {
+                        out.push(entry);
+                    }
+                    Ok(Members(out))
+                }
+            }
+            d.deserialize_map(V_(PhantomData))
+        }
+    }
+}
+
+/// Decodes an answer into the object's entry. Errors say what is wrong and where, never what
+/// the answer holds.
+fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectEntry, String> {
+    let lean: LeanBody<'_> = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "the answer is not a {}: {}",
+            object.kind.as_str(),
+            crate::redact::json_error(&e)
+        )
+    })?;
+    let lean = lean.0;
+    if let Some(kind) = &lean.kind
+        && kind.0 != object.kind.as_str()
+    {
+        return Err(format!(
+            "the answer is not a {} but another kind",
+            object.kind.as_str()
+        ));
+    }
+    let ignored = lean
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref())
+        .is_some_and(|a| {
+            // The last of duplicate members wins, as in the API server's decoding.
+            a.iter()
+                .rev()
+                .find(|(k, _)| k.0 == checksum::IGNORE_ANNOTATION)
+                .is_some_and(|(_, v)| v.0 == "true")
+        });
+    if ignored {
+        return Ok(ObjectEntry::ignored());
+    }
+    let base64_value = |v: &str| -> Result<ValueDigest, String> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v)
+            .map_err(|_| format!("a value of {object} is not valid base64"))?;
+        Ok(Sha256::digest(&bytes).into())
+    };
+    let mut entries: BTreeMap<&str, (Tag, ValueDigest)> = BTreeMap::new();
+    for (k, v) in lean.data.iter().flatten() {
+        let digest = match object.kind {
+            ObjectKind::ConfigMap => Sha256::digest(v.0.as_bytes()).into(),
+            ObjectKind::Secret => base64_value(&v.0)?,
+        };
+        entries.insert(&k.0, (Tag::Data, digest));
+    }
+    if object.kind == ObjectKind::ConfigMap {
+        let mut binary: BTreeMap<&str, ValueDigest> = BTreeMap::new();
+        for (k, v) in lean.binary_data.iter().flatten() {
+            binary.insert(&k.0, base64_value(&v.0)?);
+        }
+        for (k, digest) in binary {
+            if entries.contains_key(k) {
+                return Err(RecipeError::DuplicateKey {
+                    name: object.name.clone(),
+                    key: k.to_owned(),
+                }
+                .to_string());
+            }
+            entries.insert(k, (Tag::BinaryData, digest));
+        }
+    }
+    Ok(ObjectEntry {
+        ignored: false,
+        digest: ObjectDigest::from_digests(
+            entries.into_iter().map(|(k, (t, d))| (k.to_owned(), t, d)),
+        ),
+    })
+}
+
+/// [`LeanObject`] with its maps read as member lists.
+struct LeanBody<'a>(LeanObject<'a>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for LeanBody<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Raw<'a> {
+            #[serde(borrow, default)]
+            kind: Option<Text<'a>>,
+            #[serde(borrow, default)]
+            metadata: Option<RawMeta<'a>>,
+            #[serde(borrow, default)]
+            data: Option<members::Members<Text<'a>, Text<'a>>>,
+            #[serde(borrow, default, rename = "binaryData")]
+            binary_data: Option<members::Members<Text<'a>, Text<'a>>>,
+        }
+        #[derive(Deserialize)]
+        struct RawMeta<'a> {
+            #[serde(borrow, default)]
+            annotations: Option<members::Members<Text<'a>, Text<'a>>>,
+        }
+        let raw = Raw::deserialize(d)?;
+        Ok(LeanBody(LeanObject {
+            kind: raw.kind,
+            metadata: raw.metadata.map(|m| LeanMeta {
+                annotations: m.annotations.map(|a| a.0),
+            }),
+            data: raw.data.map(|m| m.0),
+            binary_data: raw.binary_data.map(|m| m.0),
+        }))
     }
 }
 
 /// Every referenced object, read.
 #[derive(Debug, Default)]
 pub struct Resolved {
-    objects: BTreeMap<ObjectRef, Option<Fetched>>,
+    objects: BTreeMap<ObjectRef, Option<ObjectEntry>>,
 }
 
 impl Resolved {
@@ -115,18 +470,10 @@ impl Resolved {
 
     /// The expected stamp of `refs` over these objects.
     pub fn stamp(&self, key: &StampKey, refs: &References) -> Result<Stamp, RecipeError> {
-        let mut views = BTreeMap::new();
-        for (r, fetched) in &self.objects {
-            if let Some(f) = fetched
-                && !checksum::is_ignored(f.annotations())
-            {
-                views.insert(r, f.view()?);
-            }
-        }
         Ok(checksum::compute_stamp(Some(key), refs, |r| {
-            match (self.objects.get(r), views.get(r)) {
-                (_, Some(view)) => RefState::Present(view),
-                (Some(Some(_)), None) => RefState::Ignored,
+            match self.objects.get(r) {
+                Some(Some(e)) if e.ignored => RefState::Ignored,
+                Some(Some(e)) => RefState::Present(&e.digest),
                 _ => RefState::Absent,
             }
         }))
@@ -141,58 +488,211 @@ impl Resolved {
     }
 }
 
-/// Reads one review keeps in flight at most. A pod naming thousands of objects is read a few
-/// at a time within the same deadline, not all at once against the API server; the deadline then
-/// bounds how many reads one review can cause.
+/// Reads one review keeps in flight at most. A pod naming many objects is read a few at a time
+/// within the same deadline, not all at once against the API server.
 pub const MAX_CONCURRENT_READS: usize = 16;
 
-/// Reads every reference of a workload in `namespace`, in parallel, within `deadline`.
-pub async fn resolve(
-    source: &dyn ConfigSource,
-    namespace: &str,
-    refs: &References,
-    deadline: Duration,
-    metrics: &Metrics,
-) -> Result<Resolved, LookupError> {
-    type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<Fetched>, String>)>;
-    let reads: Vec<Read<'_>> = refs
-        .iter()
-        .map(|(r, _)| -> Read<'_> {
-            Box::pin(async move { (r, source.fetch(namespace, r).await) })
-        })
-        .collect();
-    let reads = futures::stream::iter(reads)
-        .buffer_unordered(MAX_CONCURRENT_READS)
-        .collect::<Vec<_>>();
-    let results = tokio::time::timeout(deadline, reads).await.map_err(|_| {
-        for (r, _) in refs.iter() {
-            metrics.lookup(r.kind.as_str(), "deadline");
+/// The default cap on reads in flight for all reviews together.
+pub const DEFAULT_MAX_READS_IN_FLIGHT: usize = 32;
+
+/// A cap on reads in flight, handed out in turn across reviews: when reads wait, the next free
+/// place goes to the review after the one served last, not to the one that asked first. A review
+/// with two references among a hundred with hundreds each waits for at most one read of each.
+pub struct Fair {
+    state: Mutex<FairState>,
+}
+
+#[derive(Default)]
+struct FairState {
+    available: usize,
+    /// Reviews with waiting reads, in the order they are served.
+    turn: VecDeque<u64>,
+    waiting: HashMap<u64, VecDeque<oneshot::Sender<FairPermit>>>,
+}
+
+/// A place under the [`Fair`] cap; given back (or on to the next waiting review) when dropped.
+pub struct FairPermit {
+    fair: Option<Arc<Fair>>,
+}
+
+impl Drop for FairPermit {
+    fn drop(&mut self) {
+        if let Some(fair) = self.fair.take() {
+            Fair::release(fair);
         }
-        LookupError::Deadline(deadline)
-    })?;
-    let mut resolved = Resolved::default();
-    let mut failure = None;
-    for (r, result) in results {
-        match result {
-            Ok(found) => {
-                metrics.lookup(
-                    r.kind.as_str(),
-                    if found.is_some() { "found" } else { "absent" },
-                );
-                resolved.objects.insert(r.clone(), found);
+    }
+}
+
+impl Fair {
+    pub fn new(places: usize) -> Arc<Self> {
+        Arc::new(Fair {
+            state: Mutex::new(FairState {
+                available: places.max(1),
+                ..FairState::default()
+            }),
+        })
+    }
+
+    /// Waits for a place for a read of review `review`.
+    pub async fn acquire(self: &Arc<Self>, review: u64) -> FairPermit {
+        let waiter = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            // Places are free only while no read waits (a release serves waiters first).
+            if state.available > 0 {
+                state.available -= 1;
+                return FairPermit {
+                    fair: Some(self.clone()),
+                };
             }
-            Err(message) => {
-                metrics.lookup(r.kind.as_str(), "error");
-                failure.get_or_insert(LookupError::Read {
-                    object: r.clone(),
-                    message,
-                });
+            let (tx, rx) = oneshot::channel();
+            // A review is in `turn` exactly while it has an entry in `waiting`.
+            if !state.waiting.contains_key(&review) {
+                state.turn.push_back(review);
+            }
+            let queue = state.waiting.entry(review).or_default();
+            // Reads of a review that gave up stay queued until their turn; drop them now.
+            queue.retain(|s| !s.is_closed());
+            queue.push_back(tx);
+            rx
+        };
+        match waiter.await {
+            Ok(permit) => permit,
+            // The sender is dropped only with the whole `Fair`: nothing to hand out then.
+            Err(_) => FairPermit { fair: None },
+        }
+    }
+
+    fn release(fair: Arc<Fair>) {
+        loop {
+            let next = {
+                let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut next = None;
+                while let Some(review) = state.turn.pop_front() {
+                    let Some(queue) = state.waiting.get_mut(&review) else {
+                        continue;
+                    };
+                    let sender = queue.pop_front();
+                    if queue.is_empty() {
+                        state.waiting.remove(&review);
+                    } else {
+                        state.turn.push_back(review);
+                    }
+                    if let Some(sender) = sender {
+                        next = Some(sender);
+                        break;
+                    }
+                }
+                if next.is_none() {
+                    state.available += 1;
+                }
+                next
+            };
+            let Some(sender) = next else {
+                return;
+            };
+            match sender.send(FairPermit {
+                fair: Some(fair.clone()),
+            }) {
+                Ok(()) => return,
+                // That read gave up: the place goes to the next one.
+                Err(mut permit) => permit.fair = None,
             }
         }
     }
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(resolved),
+
+    /// Places free now.
+    pub fn available(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .available
+    }
+}
+
+/// Where reviews read their references from, and the cap they share.
+pub struct Lookups {
+    source: Arc<dyn ConfigSource>,
+    fair: Arc<Fair>,
+    next_review: AtomicU64,
+}
+
+impl Lookups {
+    /// At most `max_in_flight` reads from `source` at once, all reviews together.
+    pub fn new(source: Arc<dyn ConfigSource>, max_in_flight: usize) -> Self {
+        Lookups {
+            source,
+            fair: Fair::new(max_in_flight),
+            next_review: AtomicU64::new(0),
+        }
+    }
+
+    /// The same source with another cap.
+    pub fn with_cap(self, max_in_flight: usize) -> Self {
+        Lookups::new(self.source, max_in_flight)
+    }
+
+    /// Reads every reference of a workload in `namespace`, a few at a time, within `deadline`.
+    pub async fn resolve(
+        &self,
+        namespace: &str,
+        refs: &References,
+        deadline: Duration,
+        metrics: &Metrics,
+        budget: &MemoryBudget,
+    ) -> Result<Resolved, LookupError> {
+        let review = self.next_review.fetch_add(1, Ordering::Relaxed);
+        type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectEntry>, String>)>;
+        let reads: Vec<Read<'_>> = refs
+            .iter()
+            .map(|(r, _)| -> Read<'_> {
+                Box::pin(async move {
+                    let _place = self.fair.acquire(review).await;
+                    let found = self.source.fetch(namespace, r, budget).await.and_then(|f| {
+                        f.map(|f| f.into_entry().map_err(|e| e.to_string()))
+                            .transpose()
+                    });
+                    (r, found)
+                })
+            })
+            .collect();
+        let reads = futures::stream::iter(reads)
+            .buffer_unordered(MAX_CONCURRENT_READS)
+            .collect::<Vec<_>>();
+        let results = tokio::time::timeout(deadline, reads).await.map_err(|_| {
+            for (r, _) in refs.iter() {
+                metrics.lookup(r.kind.as_str(), "deadline");
+            }
+            LookupError::Deadline(deadline)
+        })?;
+        let mut resolved = Resolved::default();
+        let mut failure = None;
+        for (r, result) in results {
+            match result {
+                Ok(found) => {
+                    metrics.lookup(
+                        r.kind.as_str(),
+                        if found.is_some() { "found" } else { "absent" },
+                    );
+                    resolved.objects.insert(r.clone(), found);
+                }
+                Err(message) => {
+                    metrics.lookup(r.kind.as_str(), "error");
+                    failure.get_or_insert(LookupError::Read {
+                        object: r.clone(),
+                        message,
+                    });
+                }
+            }
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(resolved),
+        }
+    }
+
+    /// Places under the shared cap free now.
+    pub fn places_free(&self) -> usize {
+        self.fair.available()
     }
 }
 
@@ -216,6 +716,7 @@ mod tests {
             &'a self,
             _namespace: &'a str,
             _object: &'a ObjectRef,
+            _budget: &'a MemoryBudget,
         ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
             Box::pin(async move {
                 let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -230,10 +731,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_review_naming_many_objects_reads_a_few_at_a_time() {
+    fn many(n: usize) -> References {
         let mut refs = References::default();
-        for i in 0..500 {
+        for i in 0..n {
             refs.add(
                 ObjectKind::ConfigMap,
                 &format!("cm-{i}"),
@@ -241,16 +741,24 @@ mod tests {
                 true,
             );
         }
-        let source = Counting::default();
-        let resolved = resolve(
-            &source,
-            "shop",
-            &refs,
-            Duration::from_secs(30),
-            &Metrics::new(),
-        )
-        .await
-        .unwrap();
+        refs
+    }
+
+    #[tokio::test]
+    async fn a_review_naming_many_objects_reads_a_few_at_a_time() {
+        let refs = many(500);
+        let source = Arc::new(Counting::default());
+        let lookups = Lookups::new(source.clone(), 1000);
+        let resolved = lookups
+            .resolve(
+                "shop",
+                &refs,
+                Duration::from_secs(30),
+                &Metrics::new(),
+                &MemoryBudget::new(1 << 20),
+            )
+            .await
+            .unwrap();
         assert_eq!(
             source.reads.load(Ordering::SeqCst),
             500,
@@ -262,5 +770,174 @@ mod tests {
             "{most} reads in flight at once"
         );
         assert_eq!(resolved.absent_required(&refs).count(), 0);
+        assert_eq!(lookups.places_free(), 1000, "every place is given back");
+    }
+
+    #[tokio::test]
+    async fn reviews_together_keep_to_the_shared_cap() {
+        let refs = many(200);
+        let source = Arc::new(Counting::default());
+        let lookups = Lookups::new(source.clone(), 5);
+        let budget = MemoryBudget::new(1 << 20);
+        let metrics = Metrics::new();
+        let reviews = (0..8)
+            .map(|_| lookups.resolve("shop", &refs, Duration::from_secs(30), &metrics, &budget));
+        for result in futures::future::join_all(reviews).await {
+            result.unwrap();
+        }
+        assert_eq!(source.reads.load(Ordering::SeqCst), 1600);
+        let most = source.most.load(Ordering::SeqCst);
+        assert!((2..=5).contains(&most), "{most} reads in flight at once");
+        assert_eq!(lookups.places_free(), 5);
+    }
+
+    #[tokio::test]
+    async fn places_go_round_the_waiting_reviews_in_turn() {
+        let fair = Fair::new(1);
+        let first = fair.acquire(0).await;
+        // Review 1 queues three reads, then review 2 one: review 2 is served second, not fourth.
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for review in [1u64, 1, 1, 2] {
+            let queued = fair.clone();
+            let order = order.clone();
+            tasks.push(tokio::spawn(async move {
+                let permit = queued.acquire(review).await;
+                order.lock().unwrap().push(review);
+                drop(permit);
+            }));
+            // Let each task queue before the next one starts.
+            while fair
+                .state
+                .lock()
+                .unwrap()
+                .waiting
+                .values()
+                .map(VecDeque::len)
+                .sum::<usize>()
+                < tasks.len()
+            {
+                tokio::task::yield_now().await;
+            }
+        }
+        drop(first);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![1, 2, 1, 1]);
+        assert_eq!(fair.available(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_read_that_gave_up_passes_its_place_on() {
+        let fair = Fair::new(1);
+        let first = fair.acquire(0).await;
+        let abandoned = tokio::spawn({
+            let fair = fair.clone();
+            async move {
+                let _p = fair.acquire(1).await;
+            }
+        });
+        while fair.state.lock().unwrap().waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        abandoned.abort();
+        let _ = abandoned.await;
+        drop(first);
+        assert_eq!(fair.available(), 1, "the place was not lost with the read");
+        let _again = fair.acquire(3).await;
+        assert_eq!(fair.available(), 0);
+    }
+
+    fn entry(kind: ObjectKind, body: &str) -> Result<ObjectEntry, String> {
+        decode_object(&ObjectRef::new(kind, "x"), body.as_bytes())
+    }
+
+    #[test]
+    fn decoding_reads_what_the_typed_objects_read() {
+        let cm: ConfigMap = serde_json::from_str(
+            r#"{"kind":"ConfigMap","metadata":{"name":"x"},"data":{"a":"1\n\u00e9","b":""},
+                "binaryData":{"c":"iVBORw=="}}"#,
+        )
+        .unwrap();
+        let body = serde_json::to_string(&cm).unwrap();
+        assert_eq!(
+            entry(ObjectKind::ConfigMap, &body).unwrap(),
+            ObjectEntry::config_map(&cm).unwrap()
+        );
+        let secret: Secret = serde_json::from_str(
+            r#"{"kind":"Secret","metadata":{"name":"x","annotations":{"o":"p"}},
+                "data":{"password":"czNjcmV0","user":"YXBw"},"type":"Opaque"}"#,
+        )
+        .unwrap();
+        let body = serde_json::to_string(&secret).unwrap();
+        assert_eq!(
+            entry(ObjectKind::Secret, &body).unwrap(),
+            ObjectEntry::secret(&secret)
+        );
+        let ignored =
+            r#"{"metadata":{"annotations":{"confighash.dev/ignore":"true"}},"data":{"a":"b"}}"#;
+        assert!(entry(ObjectKind::ConfigMap, ignored).unwrap().ignored);
+    }
+
+    #[test]
+    fn decoding_errors_never_quote_the_answer() {
+        let canary = "c4n4ry-hunter2";
+        let bodies = [
+            format!("{canary}"),
+            format!(r#"{{"data":"{canary}"}}"#),
+            format!(r#"{{"data":{{"k":"{canary}"}}}}"#),
+            format!(r#"{{"data":{{"k":["{canary}"]}}}}"#),
+            format!(r#"{{"kind":"{canary}","data":{{}}}}"#),
+            format!(r#"{{"metadata":{{"annotations":{{"a":1}}}},"x":"{canary}"}}"#),
+            format!(r#"{{"data":{{"k":"{canary}""#),
+            format!(r#"{{"binaryData":{{"k":"{canary}"}}}}"#),
+        ];
+        for body in &bodies {
+            for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+                if let Err(e) = entry(kind, body) {
+                    assert!(!e.contains("c4n4ry"), "{e}");
+                    assert!(!e.contains("hunter"), "{e}");
+                }
+            }
+        }
+        assert!(entry(ObjectKind::Secret, &bodies[2]).is_err(), "not base64");
+        assert!(entry(ObjectKind::ConfigMap, &bodies[1]).is_err());
+        assert!(
+            entry(ObjectKind::ConfigMap, &bodies[4]).is_err(),
+            "another kind"
+        );
+    }
+
+    #[test]
+    fn paths_are_built_only_from_valid_names() {
+        let cm = |n: &str| ObjectRef::new(ObjectKind::ConfigMap, n);
+        assert_eq!(
+            object_path("shop", &cm("web.conf")).unwrap(),
+            "/api/v1/namespaces/shop/configmaps/web.conf"
+        );
+        for ns in [
+            "kube-system/secrets/admin-token?",
+            "secrets?",
+            "docs?watch=true&x=",
+            "..",
+            "",
+            "a%2fb",
+            "Shop",
+            "a.b",
+        ] {
+            assert_eq!(
+                object_path(ns, &cm("any")),
+                Err(PathError::Namespace),
+                "{ns}"
+            );
+        }
+        for name in ["../x", "a/b", "a?b", "", "A", "a b"] {
+            assert_eq!(
+                object_path("shop", &cm(name)),
+                Err(PathError::Name),
+                "{name}"
+            );
+        }
     }
 }

@@ -18,16 +18,25 @@ pub struct PatchError {
     pub path: String,
 }
 
-/// The operations that set the stamp (`None`: remove it) and the marker; empty when the object
-/// already carries both.
+/// The operations that set the stamp (`None`: remove it) and the `lookup-failed` marker (or
+/// remove any marker); empty when the object already carries both.
 pub fn build(
     obj: &Value,
     kind: WorkloadKind,
     stamp: Option<&str>,
     marker: bool,
 ) -> Result<Patch, PatchError> {
+    build_with_marker(obj, kind, stamp, marker.then_some(UNSTAMPED_LOOKUP_FAILED))
+}
+
+/// As [`build`], with the marker's value (`None`: no marker).
+pub fn build_with_marker(
+    obj: &Value,
+    kind: WorkloadKind,
+    stamp: Option<&str>,
+    marker_value: Option<&str>,
+) -> Result<Patch, PatchError> {
     let mut ops = Vec::new();
-    let marker_value = marker.then_some(UNSTAMPED_LOOKUP_FAILED);
     set_annotation(
         &mut ops,
         obj,

@@ -201,6 +201,12 @@ pub fn split_names(value: &str) -> impl Iterator<Item = &str> {
     value.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
+/// Whether `name` is a valid namespace name (a DNS-1123 label): at most 63 lowercase letters,
+/// digits and `-`, starting and ending with a letter or digit.
+pub fn is_namespace_name(name: &str) -> bool {
+    name.len() <= 63 && !name.contains('.') && is_object_name(name)
+}
+
 /// Whether `name` is a valid ConfigMap or Secret name (a DNS-1123 subdomain).
 pub fn is_object_name(name: &str) -> bool {
     name.len() <= 253

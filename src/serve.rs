@@ -154,7 +154,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
     let (stop, stopped) = watch::channel(false);
     let (stop_admin, admin_stopped) = watch::channel(false);
 
-    let metrics = config.webhook.metrics.clone();
+    let metrics = config.webhook.metrics().clone();
     metrics.set_cert_expiry(config.certs.not_after());
     config.health.set_certificate_loaded();
     let reload_task = {
@@ -665,13 +665,20 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         roll_on_delete: args.roll_on_delete,
         stamp_existing: args.stamp_existing,
     };
-    let webhook = Arc::new(Webhook {
-        source: Arc::new(crate::lookup::KubeSource::new(client.clone())),
-        keys: keys.clone(),
-        metrics: metrics.clone(),
-        lookup_deadline: args.lookup_deadline,
-        options: rules,
-    });
+    let excluded: Vec<String> = std::iter::once(namespace.clone())
+        .chain(args.exclude_namespaces.iter().cloned())
+        .collect();
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(crate::lookup::KubeSource::new(client.clone())),
+            keys.clone(),
+            metrics.clone(),
+        )
+        .with_lookup_deadline(args.lookup_deadline)
+        .with_options(rules)
+        .with_max_references(args.max_references)
+        .with_excluded_namespaces(excluded.iter().cloned()),
+    );
     let identity = crate::leader::LeaderConfig::default_identity();
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
     let leader_config = crate::leader::LeaderConfig::new(namespace.clone(), identity.clone());

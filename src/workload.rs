@@ -18,8 +18,11 @@ pub const ENABLED_LABEL: &str = "confighash.dev/enabled";
 pub const CHECKSUM_ANNOTATION: &str = "confighash.dev/checksum";
 /// Workload metadata annotation marking a CREATE that could not be stamped.
 pub const UNSTAMPED_ANNOTATION: &str = "confighash.dev/unstamped";
-/// The value of [`UNSTAMPED_ANNOTATION`].
+/// The value of [`UNSTAMPED_ANNOTATION`] after a failed lookup: reconcile retries it.
 pub const UNSTAMPED_LOOKUP_FAILED: &str = "lookup-failed";
+/// The value of [`UNSTAMPED_ANNOTATION`] when the workload references more objects than
+/// `--max-references`: terminal, reconcile leaves it.
+pub const UNSTAMPED_TOO_MANY_REFERENCES: &str = "too-many-references";
 
 /// The workload kinds whose pod templates are stamped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -98,7 +101,7 @@ pub enum WorkloadError {
     },
     #[error("{kind} has no pod template at .{path}")]
     NoTemplate { kind: WorkloadKind, path: String },
-    #[error("the pod spec is not valid: {0}")]
+    #[error("the pod spec is not valid: {}", crate::redact::json_error(.0))]
     PodSpec(#[source] serde_json::Error),
 }
 

@@ -1326,7 +1326,8 @@ async fn the_code_runs_under_the_deploy_rbac() {
         ObjectRef::new(ObjectKind::ConfigMap, "app-env"),
         ObjectRef::new(ObjectKind::Secret, "db"),
     ] {
-        let fetched = source.fetch(APP, &object).await;
+        let budget = confighash::lookup::MemoryBudget::new(1 << 20);
+        let fetched = source.fetch(APP, &object, &budget).await;
         assert!(matches!(fetched, Ok(Some(_))), "{object}: {fetched:?}");
     }
 

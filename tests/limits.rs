@@ -16,7 +16,7 @@ use confighash::admission::{MAX_BODY, REVIEW_ALLOWANCE, Webhook};
 use confighash::checksum::StampKey;
 use confighash::cli::{Cli, Command};
 use confighash::key::KeyStore;
-use confighash::lookup::{ConfigSource, Fetched};
+use confighash::lookup::{ConfigSource, Fetched, MemoryBudget};
 use confighash::metrics::Metrics;
 use confighash::refs::ObjectRef;
 use confighash::serve::{self, Limits, Running, ServeConfig};
@@ -46,6 +46,7 @@ impl ConfigSource for NoObjects {
         &'a self,
         _namespace: &'a str,
         _object: &'a ObjectRef,
+        _budget: &'a MemoryBudget,
     ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
         Box::pin(async { Ok(None) })
     }
@@ -87,15 +88,16 @@ async fn start_with_source(
     std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
     let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key")).unwrap();
     let metrics = Arc::new(Metrics::new());
-    let webhook = Arc::new(Webhook {
-        source,
-        keys: Arc::new(KeyStore::new(
-            StampKey::new(b"limits.rs: a key of 32 bytes!!!!".to_vec()).unwrap(),
-        )),
-        metrics: metrics.clone(),
-        lookup_deadline: Duration::from_secs(2),
-        options: Default::default(),
-    });
+    let webhook = Arc::new(
+        Webhook::new(
+            source,
+            Arc::new(KeyStore::new(
+                StampKey::new(b"limits.rs: a key of 32 bytes!!!!".to_vec()).unwrap(),
+            )),
+            metrics.clone(),
+        )
+        .with_lookup_deadline(Duration::from_secs(2)),
+    );
     let running = serve::start_with(
         ServeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -533,6 +535,7 @@ impl ConfigSource for SlowObjects {
         &'a self,
         _namespace: &'a str,
         _object: &'a ObjectRef,
+        _budget: &'a MemoryBudget,
     ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
         Box::pin(async {
             tokio::time::sleep(Duration::from_secs(60)).await;

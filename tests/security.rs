@@ -78,13 +78,14 @@ async fn harness() -> Harness {
     std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
     std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
     let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key")).unwrap();
-    let webhook = Arc::new(Webhook {
-        source: Arc::new(KubeSource::new(client.clone())),
-        keys: Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
-        metrics: Arc::new(Metrics::new()),
-        lookup_deadline: Duration::from_secs(2),
-        options: Default::default(),
-    });
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(KubeSource::new(client.clone())),
+            Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
+            Arc::new(Metrics::new()),
+        )
+        .with_lookup_deadline(Duration::from_secs(2)),
+    );
     let running = serve::start(ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),

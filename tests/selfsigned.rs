@@ -78,13 +78,14 @@ async fn start_webhook(client: &kube::Client, dir: &std::path::Path) -> serve::R
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         certs,
-        webhook: Arc::new(Webhook {
-            source: Arc::new(KubeSource::new(client.clone())),
-            keys: Arc::new(KeyStore::new(StampKey::new(vec![7u8; 32]).unwrap())),
-            metrics: Arc::new(Metrics::new()),
-            lookup_deadline: Duration::from_secs(2),
-            options: Default::default(),
-        }),
+        webhook: Arc::new(
+            Webhook::new(
+                Arc::new(KubeSource::new(client.clone())),
+                Arc::new(KeyStore::new(StampKey::new(vec![7u8; 32]).unwrap())),
+                Arc::new(Metrics::new()),
+            )
+            .with_lookup_deadline(Duration::from_secs(2)),
+        ),
         health: Arc::new(Health::default()),
         cert_poll: Duration::from_millis(20),
         header_read_timeout: Duration::from_secs(5),

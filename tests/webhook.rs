@@ -53,13 +53,14 @@ async fn harness_with(lookup_deadline: Duration) -> Harness {
     std::fs::write(dir.path().join("ca.crt"), &certs.ca_pem).unwrap();
     let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key")).unwrap();
     let metrics = Arc::new(Metrics::new());
-    let webhook = Arc::new(Webhook {
-        source: Arc::new(KubeSource::new(client.clone())),
-        keys: Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
-        metrics: metrics.clone(),
-        lookup_deadline,
-        options: Default::default(),
-    });
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(KubeSource::new(client.clone())),
+            Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
+            metrics.clone(),
+        )
+        .with_lookup_deadline(lookup_deadline),
+    );
     let running = serve::start(ServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine;
 use confighash::checksum::StampKey;
-use confighash::lookup::{ConfigSource, Fetched};
+use confighash::lookup::{ConfigSource, Fetched, MemoryBudget};
 use confighash::refs::{ObjectKind, ObjectRef};
 use confighash::workload::{self, Analysis, WorkloadKind};
 use futures::future::BoxFuture;
@@ -41,6 +41,7 @@ impl MemorySource {
                             ObjectKind::Secret,
                             s.metadata.name.clone().unwrap_or_default(),
                         ),
+                        Fetched::Entry(_) => unreachable!("the fixture holds whole objects"),
                     };
                     (r, f)
                 })
@@ -54,6 +55,7 @@ impl ConfigSource for MemorySource {
         &'a self,
         _namespace: &'a str,
         object: &'a ObjectRef,
+        _budget: &'a MemoryBudget,
     ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
         Box::pin(futures::future::ready(Ok(self
             .objects

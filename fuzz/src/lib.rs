@@ -14,7 +14,7 @@ use base64::Engine;
 use confighash::admission::{BadRequest, Webhook};
 use confighash::checksum::{self, ObjectDigest, RefState, StampKey, Tag};
 use confighash::key::KeyStore;
-use confighash::lookup::{ConfigSource, Fetched};
+use confighash::lookup::{ConfigSource, Fetched, MemoryBudget};
 use confighash::metrics::Metrics;
 use confighash::offline::{self, InputError, Source};
 use confighash::refs::{self, ObjectKind, ObjectRef, References, Selection};
@@ -92,6 +92,7 @@ impl ConfigSource for NameSource {
         &'a self,
         _namespace: &'a str,
         object: &'a ObjectRef,
+        _budget: &'a MemoryBudget,
     ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
         Box::pin(futures::future::ready(Self::object(
             object.kind,
@@ -111,15 +112,14 @@ pub fn runtime() -> Runtime {
 /// A webhook that reads from [`NameSource`]. Every read is a ready future, so the deadline
 /// never passes; it only has to be set.
 pub fn webhook() -> Webhook {
-    Webhook {
-        source: Arc::new(NameSource),
-        keys: Arc::new(KeyStore::new(
+    Webhook::new(
+        Arc::new(NameSource),
+        Arc::new(KeyStore::new(
             StampKey::new(KEY.to_vec()).expect("a long enough key"),
         )),
-        metrics: Arc::new(Metrics::new()),
-        lookup_deadline: Duration::from_secs(30),
-        options: Default::default(),
-    }
+        Arc::new(Metrics::new()),
+    )
+    .with_lookup_deadline(Duration::from_secs(30))
 }
 
 /// Feeds one request body to the webhook as the HTTP server would and checks the answer.
@@ -231,7 +231,7 @@ fn check_review(rt: &Runtime, webhook: &Webhook, body: &[u8], review: &Value) {
             (Some("add"), Some(0)) => assert_eq!(op["value"], UNSTAMPED_LOOKUP_FAILED),
             (Some("add"), Some(_)) => {
                 let stamp = op["value"].as_str().expect("a string stamp");
-                let key_id = webhook.keys.current().id().to_owned();
+                let key_id = webhook.keys().current().id().to_owned();
                 assert!(
                     checksum::is_current(stamp, &key_id) || Some(stamp) == old_stamp,
                     "the patch sets {stamp:?}, neither a current stamp nor the old one"

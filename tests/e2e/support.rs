@@ -174,13 +174,15 @@ impl Env {
     async fn start_webhook(&mut self, lookup_deadline: Duration) {
         let dir = self._dir.as_ref().unwrap().path();
         let store = CertStore::load(dir.join("tls.crt"), dir.join("tls.key")).unwrap();
-        let webhook = Arc::new(Webhook {
-            source: Arc::new(KubeSource::new(self.confighash.clone())),
-            keys: self.keys.clone(),
-            metrics: self.metrics.clone(),
-            lookup_deadline,
-            options: self.config.rules,
-        });
+        let webhook = Arc::new(
+            Webhook::new(
+                Arc::new(KubeSource::new(self.confighash.clone())),
+                self.keys.clone(),
+                self.metrics.clone(),
+            )
+            .with_lookup_deadline(lookup_deadline)
+            .with_options(self.config.rules),
+        );
         let listen = if self.webhook_url.is_empty() {
             "127.0.0.1:0".parse().unwrap()
         } else {

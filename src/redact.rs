@@ -1,0 +1,89 @@
+//! Error text that is safe to log: it says what went wrong and where, never what was read.
+//!
+//! serde's messages quote the unexpected value (`invalid type: string "…"`), and the API
+//! server's Status messages can quote the object a request carried, so neither is logged as it
+//! is. Every error from reading ConfigMaps, Secrets or reviews goes through here before it
+//! reaches a log line or an answer.
+
+use std::fmt::Write;
+
+/// A JSON decoding error: its category and position only.
+pub fn json_error(e: &serde_json::Error) -> String {
+    let what = match e.classify() {
+        serde_json::error::Category::Io => "could not be read",
+        serde_json::error::Category::Syntax => "is not valid JSON",
+        serde_json::error::Category::Data => "has a field of the wrong type or value",
+        serde_json::error::Category::Eof => "ends early",
+    };
+    format!("the JSON {what} (line {}, column {})", e.line(), e.column())
+}
+
+/// A Kubernetes client error without anything the API server sent but its status code and a
+/// reason word.
+pub fn kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => {
+            let mut text = format!("the API server answered {}", status.code);
+            if is_word(&status.reason) {
+                let _ = write!(text, " {}", status.reason);
+            }
+            text
+        }
+        kube::Error::SerdeError(e) => format!("decoding the answer: {}", json_error(e)),
+        kube::Error::FromUtf8(_) => "the answer is not UTF-8".to_owned(),
+        kube::Error::ReadEvents(e) => format!("reading the watch stream: {}", e.kind()),
+        kube::Error::LinesCodecMaxLineLengthExceeded => "a watch event is too long".to_owned(),
+        // Transport, TLS, authentication and configuration errors: none carries a response body.
+        other => other.to_string(),
+    }
+}
+
+/// A watch error, as [`kube_error`].
+pub fn watcher_error(e: &kube::runtime::watcher::Error) -> String {
+    use kube::runtime::watcher::Error;
+    match e {
+        Error::InitialListFailed(e) => format!("listing failed: {}", kube_error(e)),
+        Error::WatchStartFailed(e) => format!("starting the watch failed: {}", kube_error(e)),
+        Error::WatchError(status) => {
+            let mut text = format!("the watch ended with {}", status.code);
+            if is_word(&status.reason) {
+                let _ = write!(text, " {}", status.reason);
+            }
+            text
+        }
+        Error::WatchFailed(e) => format!("the watch failed: {}", kube_error(e)),
+        Error::NoResourceVersion => "the list carried no resourceVersion".to_owned(),
+    }
+}
+
+/// A Kubernetes reason such as `NotFound` or `Expired`: letters only, and short.
+fn is_word(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 40 && s.bytes().all(|b| b.is_ascii_alphabetic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_errors_name_the_place_not_the_value() {
+        let e =
+            serde_json::from_str::<std::collections::BTreeMap<String, u8>>(r#"{"k":"hunter2"}"#)
+                .unwrap_err();
+        assert!(e.to_string().contains("hunter2"), "serde quotes it: {e}");
+        let safe = json_error(&e);
+        assert!(!safe.contains("hunter2"), "{safe}");
+        assert!(safe.contains("line 1"), "{safe}");
+    }
+
+    #[test]
+    fn api_errors_keep_the_code_and_a_reason_word_only() {
+        let status =
+            kube::core::Status::failure("secret hunter2 is invalid", "Invalid").with_code(422);
+        let safe = kube_error(&kube::Error::Api(status.boxed()));
+        assert_eq!(safe, "the API server answered 422 Invalid");
+        let status = kube::core::Status::failure("x", "hunter 2").with_code(500);
+        let safe = kube_error(&kube::Error::Api(status.boxed()));
+        assert_eq!(safe, "the API server answered 500");
+    }
+}
