@@ -231,6 +231,15 @@ impl BadRequest {
         }
     }
 
+    /// The HTTP status the review is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     fn busy() -> Self {
         BadRequest {
             status: StatusCode::SERVICE_UNAVAILABLE,
