@@ -223,6 +223,9 @@ pub struct WorkloadEntry {
     pub rolls_by_itself: bool,
     pub resource_version: String,
     pub uid: String,
+    /// It references more objects than `--max-references`, or carries the terminal
+    /// `too-many-references` marker: never touched, its references not kept.
+    pub too_many_references: bool,
 }
 
 impl WorkloadEntry {
@@ -255,7 +258,20 @@ impl WorkloadEntry {
             rolls_by_itself: !paused && !on_delete,
             resource_version: text("/metadata/resourceVersion"),
             uid: text("/metadata/uid"),
+            too_many_references: info.too_many_references,
         }))
+    }
+
+    /// Freezes a workload that references more than `max_references` objects (or carries the
+    /// terminal marker): the webhook reads nothing for it, so the watcher never touches it and
+    /// keeps none of its references.
+    pub fn limit_references(mut self, max_references: usize) -> Self {
+        if self.too_many_references || self.refs.len() > max_references {
+            self.too_many_references = true;
+            self.opted_out = true;
+            self.refs = References::default();
+        }
+        self
     }
 }
 

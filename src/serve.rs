@@ -698,6 +698,12 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         max_touches_per_second: args.max_touches_per_second,
         rules,
         identity: identity.clone(),
+        max_references: args.max_references,
+        excluded_namespaces: excluded
+            .iter()
+            .cloned()
+            .chain(["kube-system".to_owned()])
+            .collect(),
         ..Default::default()
     };
     background.push(tokio::spawn(crate::watcher::run(

@@ -38,6 +38,8 @@ pub const SECRET_FIELD_SELECTOR: &str =
     "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
 /// Global token bucket burst.
 pub const TOUCH_BURST: u32 = 20;
+/// The reason of the Warning Event on a workload over `--max-references`.
+pub const TOO_MANY_REFERENCES_REASON: &str = "TooManyReferences";
 
 /// How the watcher behaves.
 #[derive(Debug, Clone)]
@@ -57,6 +59,11 @@ pub struct WatcherConfig {
     pub retry_base: Duration,
     /// Name of this replica in Events.
     pub identity: String,
+    /// `--max-references`: workloads over it are never touched.
+    pub max_references: usize,
+    /// Namespaces never touched whatever their labels: `kube-system`, confighash's own and
+    /// `--exclude-namespaces`.
+    pub excluded_namespaces: HashSet<String>,
 }
 
 impl Default for WatcherConfig {
@@ -70,6 +77,8 @@ impl Default for WatcherConfig {
             kind_recheck: Duration::from_secs(60),
             retry_base: Duration::from_secs(1),
             identity: "confighash".to_owned(),
+            max_references: crate::admission::DEFAULT_MAX_REFERENCES,
+            excluded_namespaces: HashSet::from([crate::admission::KUBE_SYSTEM.to_owned()]),
         }
     }
 }
@@ -369,6 +378,7 @@ async fn watch_workload_kinds(
                             tx.clone(),
                             kind,
                             config.page_size,
+                            config.max_references,
                         )),
                     );
                 }
@@ -395,6 +405,7 @@ async fn watch_workloads(
     tx: mpsc::Sender<Input>,
     kind: WorkloadKind,
     page_size: u32,
+    max_references: usize,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
     let mut relist: Option<HashSet<WorkloadKey>> = None;
@@ -406,7 +417,7 @@ async fn watch_workloads(
         let key = WorkloadKey::new(kind, &ns, &name);
         let value = serde_json::to_value(obj).ok()?;
         match WorkloadEntry::from_object(kind, &value) {
-            Ok(entry) => Some((key, entry)),
+            Ok(entry) => Some((key, entry.map(|e| e.limit_references(max_references)))),
             Err(e) => {
                 tracing::warn!(kind = kind.kind(), namespace = ns, name, error = %e, "workload left out");
                 Some((key, None))
@@ -501,6 +512,8 @@ struct State {
     reconciled: bool,
     next_resync: Option<Instant>,
     recorder: Recorder,
+    /// Workloads over `--max-references` whose Warning Event this replica has recorded.
+    warned_too_many: HashSet<WorkloadKey>,
 }
 
 const STREAMS: usize = 3 + WorkloadKind::ALL.len();
@@ -543,7 +556,38 @@ impl State {
             reconciled: false,
             next_resync: None,
             recorder,
+            warned_too_many: HashSet::new(),
         }
+    }
+
+    /// Records that a workload over `--max-references` is never stamped or rolled.
+    fn warn_too_many_references(&self, key: &WorkloadKey, uid: &str) {
+        let recorder = self.recorder.clone();
+        let reference = ObjectReference {
+            api_version: Some(api_resource(key.kind.kind()).api_version),
+            kind: Some(key.kind.kind().kind().to_owned()),
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            uid: (!uid.is_empty()).then(|| uid.to_owned()),
+            ..Default::default()
+        };
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: TOO_MANY_REFERENCES_REASON.to_owned(),
+            note: Some(format!(
+                "it references more than {} ConfigMaps and Secrets (--max-references): \
+                 confighash does not read them, stamp it or roll it on config changes",
+                self.config.max_references
+            )),
+            action: "Skip".to_owned(),
+            secondary: None,
+        };
+        let key = key.clone();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(workload = %key, error = %e, "cannot record the Event");
+            }
+        });
     }
 
     fn is_synced(&self) -> bool {
@@ -620,7 +664,10 @@ impl State {
                     self.content_changed(key, now);
                 }
             }
-            Input::Namespace(name, state) => match state {
+            Input::Namespace(name, state) => match state.map(|opted_in| {
+                // An excluded namespace is never opted in, whatever its labels say.
+                opted_in && !self.config.excluded_namespaces.contains(&name)
+            }) {
                 Some(true) => {
                     let was_excluded = self.excluded.remove(&name);
                     if !self.namespaces.insert(name.clone()) {
@@ -685,6 +732,12 @@ impl State {
             }
             Input::Workload(key, entry) => match entry {
                 Some(entry) => {
+                    if entry.too_many_references
+                        && self.leadership.is_leader()
+                        && self.warned_too_many.insert(key.clone())
+                    {
+                        self.warn_too_many_references(&key, &entry.uid);
+                    }
                     self.workloads.upsert(key.clone(), entry);
                     // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                     // first, on another watch, and found nothing referencing it) is checked again
@@ -695,6 +748,7 @@ impl State {
                     }
                 }
                 None => {
+                    self.warned_too_many.remove(&key);
                     self.workloads.remove(&key);
                     self.pending.remove(&key);
                 }

@@ -129,6 +129,8 @@ pub struct WorkloadInfo {
     pub stamp: Option<String>,
     /// Whether the workload carries the `confighash.dev/unstamped` marker.
     pub marker: bool,
+    /// Whether that marker is the terminal `too-many-references`.
+    pub too_many_references: bool,
 }
 
 /// Reads an object of a known workload kind.
@@ -159,7 +161,13 @@ pub fn analyze(kind: WorkloadKind, obj: &Value) -> Result<Analysis, WorkloadErro
         opted_out: labels.is_some_and(|l| l.get(ENABLED_LABEL).is_some_and(|v| v == "false")),
         refs: refs::discover(&spec, annotations.as_ref()),
         stamp: template_annotations.and_then(|mut a| a.remove(CHECKSUM_ANNOTATION)),
-        marker: annotations.is_some_and(|a| a.contains_key(UNSTAMPED_ANNOTATION)),
+        marker: annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(UNSTAMPED_ANNOTATION)),
+        too_many_references: annotations.is_some_and(|a| {
+            a.get(UNSTAMPED_ANNOTATION)
+                .is_some_and(|v| v == UNSTAMPED_TOO_MANY_REFERENCES)
+        }),
     })))
 }
 

@@ -56,3 +56,71 @@ async fn a_label_only_change_rolls_nothing() {
     env.barrier("shop").await;
     assert_eq!(env.rollouts("shop", "Deployment", "web").await, 0);
 }
+
+#[tokio::test]
+async fn a_workload_over_max_references_is_never_touched_and_says_why() {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{DynamicObject, ListParams, PostParams};
+    let env = Env::start().await;
+    if !env.is_stand_in() {
+        eprintln!("skipped: counts the stand-in's requests");
+        return;
+    }
+    env.namespace("shop", true).await;
+    env.config_map("shop", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    let mut obj =
+        support::workload_object("Deployment", "web", &[("envFrom", "app-env")], json!({}));
+    let extra: Vec<String> = (0..300).map(|i| format!("extra-{i}")).collect();
+    obj["metadata"]["annotations"] = json!({"confighash.dev/extra-configmaps": extra.join(",")});
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        "shop",
+        &support::api_resource("Deployment"),
+    );
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(obj).unwrap(),
+    )
+    .await
+    .unwrap();
+    let created = env.get_workload("shop", "Deployment", "web").await.unwrap();
+    assert_eq!(
+        created["metadata"]["annotations"]["confighash.dev/unstamped"],
+        "too-many-references"
+    );
+    assert_eq!(env.stamp("shop", "Deployment", "web").await, None);
+    env.eventually("the Warning Event", || async {
+        Api::<Event>::namespaced(env.client.clone(), "shop")
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("TooManyReferences")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+    })
+    .await;
+
+    env.barrier("shop").await;
+    let patches_before = patches_of_deployments(&env);
+    env.config_map("shop", "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.barrier("shop").await;
+    assert_eq!(env.rollouts("shop", "Deployment", "web").await, 0);
+    assert_eq!(
+        patches_of_deployments(&env),
+        patches_before + 1,
+        "beside the barrier's own touch, confighash touched a workload the webhook will not stamp"
+    );
+}
+
+fn patches_of_deployments(env: &Env) -> usize {
+    env.api()
+        .requests()
+        .iter()
+        .filter(|(verb, resource)| verb == "patch" && resource == "deployments")
+        .count()
+}
