@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 
-use crate::checksum::{self, ObjectView, RecipeError, RefState, Stamp, StampKey};
+use crate::checksum::{self, ObjectView, Recipe, RecipeError, RefState, Stamp, StampKey};
 use crate::metrics::Metrics;
 use crate::refs::{ObjectKind, ObjectRef, References};
 use crate::rules::Lookup;
@@ -113,8 +113,15 @@ impl Resolved {
             .map(|(r, _)| r)
     }
 
-    /// The expected stamp of `refs` over these objects.
-    pub fn stamp(&self, key: &StampKey, refs: &References) -> Result<Stamp, RecipeError> {
+    /// The expected stamp of the references `refs` of a workload in `namespace` over these
+    /// objects, under `recipe` (v1 has no namespace: it is ignored there).
+    pub fn stamp(
+        &self,
+        key: &StampKey,
+        recipe: Recipe,
+        namespace: &str,
+        refs: &References,
+    ) -> Result<Stamp, RecipeError> {
         let mut views = BTreeMap::new();
         for (r, fetched) in &self.objects {
             if let Some(f) = fetched
@@ -123,19 +130,34 @@ impl Resolved {
                 views.insert(r, f.view()?);
             }
         }
-        Ok(checksum::compute_stamp(Some(key), refs, |r| {
-            match (self.objects.get(r), views.get(r)) {
-                (_, Some(view)) => RefState::Present(view),
-                (Some(Some(_)), None) => RefState::Ignored,
-                _ => RefState::Absent,
-            }
-        }))
+        let state = |r: &ObjectRef| match (self.objects.get(r), views.get(r)) {
+            (_, Some(view)) => RefState::Present(view),
+            (Some(Some(_)), None) => RefState::Ignored,
+            _ => RefState::Absent,
+        };
+        Ok(match recipe {
+            Recipe::V1 => checksum::compute_stamp_v1(Some(key), refs, state),
+            Recipe::V2 => checksum::compute_stamp(Some(key), namespace, refs, state),
+        })
     }
 
-    /// The rules' view of this lookup.
-    pub fn lookup(&self, key: &StampKey, refs: &References) -> Result<Lookup, RecipeError> {
+    /// The rules' view of this lookup; the expected v1 stamp only when `with_v1` (see
+    /// [`crate::rules::needs_v1`]).
+    pub fn lookup(
+        &self,
+        key: &StampKey,
+        namespace: &str,
+        refs: &References,
+        with_v1: bool,
+    ) -> Result<Lookup, RecipeError> {
+        let expected_v1 = if with_v1 {
+            Some(self.stamp(key, Recipe::V1, namespace, refs)?)
+        } else {
+            None
+        };
         Ok(Lookup::Resolved {
-            expected: self.stamp(key, refs)?,
+            expected: self.stamp(key, Recipe::V2, namespace, refs)?,
+            expected_v1,
             required_absent: self.absent_required(refs).next().is_some(),
         })
     }
