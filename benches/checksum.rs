@@ -16,6 +16,8 @@ use sha2::{Digest, Sha256};
 
 const MIB: usize = 1 << 20;
 const CM_NAME: &str = "app-config";
+/// The namespace of the stamped workload (recipe v2 binds it).
+const NAMESPACE: &str = "bench";
 
 /// Deterministic, text-like filler of exactly `len` bytes (ASCII, so valid UTF-8), varied by
 /// `seed` so no two values are the same.
@@ -69,10 +71,10 @@ fn bench_variant(c: &mut Criterion, group_name: &str, keys: usize) {
     let key = StampKey::new(vec![7u8; 32]).expect("32 bytes is long enough");
 
     // Sanity checks outside the timed loops: both stamps are well formed and differ.
-    let plain = compute_stamp(None, &refs, |_| RefState::Present(&view));
-    let keyed = compute_stamp(Some(&key), &refs, |_| RefState::Present(&view));
-    assert!(plain.as_str().starts_with("v1:plain:"));
-    assert!(keyed.as_str().starts_with(&format!("v1:{}:", key.id())));
+    let plain = compute_stamp(None, NAMESPACE, &refs, |_| RefState::Present(&view));
+    let keyed = compute_stamp(Some(&key), NAMESPACE, &refs, |_| RefState::Present(&view));
+    assert!(plain.as_str().starts_with("v2:plain:"));
+    assert!(keyed.as_str().starts_with(&format!("v2:{}:", key.id())));
     assert_ne!(plain, keyed);
 
     let mut group = c.benchmark_group(group_name);
@@ -89,16 +91,19 @@ fn bench_variant(c: &mut Criterion, group_name: &str, keys: usize) {
     });
     group.bench_function("compute_stamp", |b| {
         b.iter(|| {
-            compute_stamp(None, black_box(&refs), |_| {
+            compute_stamp(None, black_box(NAMESPACE), black_box(&refs), |_| {
                 RefState::Present(black_box(&view))
             })
         })
     });
     group.bench_function("compute_stamp_hmac", |b| {
         b.iter(|| {
-            compute_stamp(Some(black_box(&key)), black_box(&refs), |_| {
-                RefState::Present(black_box(&view))
-            })
+            compute_stamp(
+                Some(black_box(&key)),
+                black_box(NAMESPACE),
+                black_box(&refs),
+                |_| RefState::Present(black_box(&view)),
+            )
         })
     });
     group.finish();

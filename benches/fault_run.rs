@@ -271,10 +271,11 @@ fn object_key(ns: &str, kind: ObjectKind, name: &str) -> (String, ObjectKind, St
     (ns.to_owned(), kind, name.to_owned())
 }
 
-/// The recipe over the model (or read-back) objects: the stamp, and whether a required reference
-/// is absent.
+/// The recipe over the model (or read-back) objects of namespace `ns`: the stamp, and whether a
+/// required reference is absent.
 fn recipe(
     key: &StampKey,
+    ns: &str,
     refs: &References,
     cms: &BTreeMap<String, ConfigMap>,
     secrets: &BTreeMap<String, Secret>,
@@ -306,7 +307,7 @@ fn recipe(
             }
         }
     }
-    let stamp = compute_stamp(Some(key), refs, |r| match views.get(r) {
+    let stamp = compute_stamp(Some(key), ns, refs, |r| match views.get(r) {
         None => RefState::Absent,
         Some(None) => RefState::Ignored,
         Some(Some(v)) => RefState::Present(v),
@@ -984,7 +985,7 @@ impl Run {
         for w in deps {
             let wl = &mut self.workloads[w];
             let (stamp, required_absent) =
-                recipe(&self.key, &wl.refs, &model.cms, &model.secrets).expect("the recipe");
+                recipe(&self.key, ns, &wl.refs, &model.cms, &model.secrets).expect("the recipe");
             // Rule 2: while a required reference is absent the stamp is kept.
             if !required_absent && stamp != wl.decided {
                 wl.decided = stamp.clone();
@@ -1400,7 +1401,8 @@ fn observe(
         None => Err("no pod spec".to_owned()),
         Some(spec) => {
             let refs = refs::discover(spec, meta.annotations.as_ref());
-            match recipe(key, &refs, &config.cms, &config.secrets) {
+            let ns = meta.namespace.as_deref().unwrap_or_default();
+            match recipe(key, ns, &refs, &config.cms, &config.secrets) {
                 Ok((_, true)) => Err("a required reference is absent".to_owned()),
                 Ok((s, false)) => Ok(s),
                 Err(e) => Err(e),
@@ -1715,7 +1717,7 @@ async fn run_inner(size: Size, seed: u64) -> Result<bool, String> {
         let manifest = b.build(kind, &name, unmounted.as_deref());
         let refs = template_refs(&manifest)?;
         let model = &config[&ns];
-        let (stamp, required_absent) = recipe(&key, &refs, &model.cms, &model.secrets)?;
+        let (stamp, required_absent) = recipe(&key, &ns, &refs, &model.cms, &model.secrets)?;
         if required_absent {
             return Err(format!(
                 "bench bug: {ns}/{name} has a required reference that is absent"

@@ -302,7 +302,7 @@ fn deployment(log_level: &str, stamp: Option<&str>) -> Value {
 fn templates(expected: &str) -> Vec<Template> {
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
     let stale = fixture::stale_stamp();
-    let touch = format!("v1:{}:{}", key.id(), "1".repeat(64));
+    let touch = format!("v2:{}:{}", key.id(), "1".repeat(64));
     let kinds = [
         ReviewKind::Create,
         ReviewKind::UpdateChanged,
@@ -432,10 +432,14 @@ async fn expected_stamp(key: &StampKey) -> String {
         )
         .await
         .expect("the in-memory lookup");
-    match resolved.lookup(key, &info.refs).expect("the recipe") {
+    match resolved
+        .lookup(key, fixture::NAMESPACE, &info.refs, false)
+        .expect("the recipe")
+    {
         Lookup::Resolved {
             expected,
             required_absent: false,
+            ..
         } => expected.as_str().to_owned(),
         other => panic!("unexpected lookup {other:?}"),
     }

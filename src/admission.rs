@@ -622,8 +622,10 @@ impl Webhook {
                     budget,
                 )
                 .await
-                .and_then(|resolved| Ok(resolved.lookup(&key, &info.refs)?))
-            {
+                .and_then(|resolved| {
+                    let with_v1 = rules::needs_v1(trigger, current, key.id());
+                    Ok(resolved.lookup(&key, namespace, &info.refs, with_v1)?)
+                }) {
                 Ok(lookup) => lookup,
                 Err(e) => {
                     tracing::warn!(kind = label, namespace, name, operation, error = %e,

@@ -1,7 +1,9 @@
-//! Checksum recipe v1: the exact bytes hashed into a stamp.
+//! The checksum recipes: the exact bytes hashed into a stamp.
 //!
-//! The recipe is frozen: anyone holding the referenced objects (and the key) can recompute a stamp
-//! from the description in `DESIGN.md`. Values enter the message only as their SHA-256, so the
+//! Recipe v2 ([`compute_stamp`]) is the one stamps are made with; recipe v1
+//! ([`compute_stamp_v1`]) stays computable so stamps of earlier releases can be checked. Both are
+//! frozen: anyone holding the referenced objects (and the key) can recompute a stamp from the
+//! description in `docs/recipe.md`. Values enter the message only as their SHA-256, so the
 //! watcher can keep 32 bytes per key instead of the content ([`ObjectDigest`]) and still compute
 //! the same stamp as the webhook computes from whole objects ([`ObjectView`]).
 
@@ -15,8 +17,8 @@ use sha2::{Digest, Sha256};
 
 use crate::refs::{ObjectRef, RefSpec, References, Selection};
 
-/// Version tag of this recipe, the first part of every stamp it makes.
-pub const RECIPE_VERSION: &str = "v1";
+/// Version tag of the current recipe, the first part of every stamp it makes.
+pub const RECIPE_VERSION: &str = Recipe::CURRENT.as_str();
 /// Key id written in stamps made without a key.
 pub const PLAIN_KEY_ID: &str = "plain";
 /// Keys shorter than this are refused.
@@ -24,7 +26,50 @@ pub const MIN_KEY_LEN: usize = 16;
 /// The annotation that leaves a ConfigMap or Secret out of every checksum (value exactly "true").
 pub const IGNORE_ANNOTATION: &str = "confighash.dev/ignore";
 
-const HEADER: &[u8] = b"confighash-recipe-v1";
+/// A version of the checksum recipe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Recipe {
+    /// Earlier releases: no namespace, and an absent object hashes the same whatever keys were
+    /// selected. Only checked, never written by `serve`.
+    V1,
+    /// The namespace enters the message, and an absent object names its selected keys.
+    V2,
+}
+
+impl Recipe {
+    /// The recipe stamps are made with.
+    pub const CURRENT: Recipe = Recipe::V2;
+
+    /// The stamp prefix: `v1` or `v2`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Recipe::V1 => "v1",
+            Recipe::V2 => "v2",
+        }
+    }
+
+    fn header(self) -> &'static [u8] {
+        match self {
+            Recipe::V1 => b"confighash-recipe-v1",
+            Recipe::V2 => b"confighash-recipe-v2",
+        }
+    }
+
+    /// The recipe a stamp value was made by, if it is a well-formed stamp of a known recipe
+    /// made with the key whose id is `key_id` (`<recipe>:<key_id>:<64 lowercase hex>`).
+    pub fn of_stamp(stamp: &str, key_id: &str) -> Option<Recipe> {
+        let (version, rest) = stamp.split_once(':')?;
+        let recipe = [Recipe::V1, Recipe::V2]
+            .into_iter()
+            .find(|r| r.as_str() == version)?;
+        let digest = rest.strip_prefix(key_id)?.strip_prefix(':')?;
+        let well_formed = digest.len() == 64
+            && digest
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        well_formed.then_some(recipe)
+    }
+}
 
 /// SHA-256 of one value.
 pub type ValueDigest = [u8; 32];
@@ -98,7 +143,7 @@ pub fn key_id(key: Option<&StampKey>) -> &str {
     key.map_or(PLAIN_KEY_ID, StampKey::id)
 }
 
-/// A computed stamp: `v1:<keyid>:<64 lowercase hex>`.
+/// A computed stamp: `<recipe>:<keyid>:<64 lowercase hex>`.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Stamp(String);
 
@@ -126,22 +171,10 @@ impl From<Stamp> for String {
     }
 }
 
-/// Whether a stamp value was made by this recipe with the key whose id is `key_id`.
-/// Anything else (other version, other key, malformed) is foreign.
+/// Whether a stamp value is ours: made by a recipe this build can check (v1 or v2) with the key
+/// whose id is `key_id`. Anything else (unknown version, other key, malformed) is foreign.
 pub fn is_current(stamp: &str, key_id: &str) -> bool {
-    let Some(rest) = stamp
-        .strip_prefix(RECIPE_VERSION)
-        .and_then(|r| r.strip_prefix(':'))
-    else {
-        return false;
-    };
-    let Some(digest) = rest.strip_prefix(key_id).and_then(|r| r.strip_prefix(':')) else {
-        return false;
-    };
-    digest.len() == 64
-        && digest
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    Recipe::of_stamp(stamp, key_id).is_some()
 }
 
 /// The recipe's view of one object's entries.
@@ -377,19 +410,48 @@ fn lp(out: &mut impl Update, bytes: &[u8]) {
     out.update(bytes);
 }
 
-/// Writes the recipe message for `refs` into `out`, asking `state` about each referenced object.
+/// Writes the recipe v2 message for the references `refs` of a workload in `namespace` into
+/// `out`, asking `state` about each referenced object.
 pub fn write_message<'s>(
     out: &mut impl Update,
+    namespace: &str,
+    refs: &References,
+    state: impl FnMut(&ObjectRef) -> RefState<'s>,
+) {
+    write(out, Recipe::V2, namespace, refs, state);
+}
+
+/// Writes the recipe v1 message for `refs` into `out` (v1 has no namespace).
+pub fn write_message_v1<'s>(
+    out: &mut impl Update,
+    refs: &References,
+    state: impl FnMut(&ObjectRef) -> RefState<'s>,
+) {
+    write(out, Recipe::V1, "", refs, state);
+}
+
+fn write<'s>(
+    out: &mut impl Update,
+    recipe: Recipe,
+    namespace: &str,
     refs: &References,
     mut state: impl FnMut(&ObjectRef) -> RefState<'s>,
 ) {
-    lp(out, HEADER);
+    lp(out, recipe.header());
+    if recipe == Recipe::V2 {
+        lp(out, namespace.as_bytes());
+    }
     for (obj, spec) in refs.iter() {
         let entries = match state(obj) {
             RefState::Ignored => continue,
             RefState::Absent => {
                 write_object_header(out, obj);
                 lp(out, b"absent");
+                if let (Recipe::V2, Selection::Keys(keys)) = (recipe, &spec.selection) {
+                    for key in keys {
+                        lp(out, key.as_bytes());
+                    }
+                }
                 continue;
             }
             RefState::Present(entries) => entries,
@@ -430,28 +492,63 @@ fn write_entry(out: &mut impl Update, key: &str, tag: Tag, digest: &ValueDigest)
     lp(out, digest);
 }
 
-/// Computes the stamp of `refs`: HMAC-SHA256 of the message with `key`, or SHA-256 without.
+/// Computes the recipe v2 stamp of the references `refs` of a workload in `namespace`:
+/// HMAC-SHA256 of the message with `key`, or SHA-256 without.
 pub fn compute_stamp<'s>(
+    key: Option<&StampKey>,
+    namespace: &str,
+    refs: &References,
+    state: impl FnMut(&ObjectRef) -> RefState<'s>,
+) -> Stamp {
+    hash(key, Recipe::V2, |out| {
+        write(out, Recipe::V2, namespace, refs, state)
+    })
+}
+
+/// Computes the recipe v1 stamp of `refs`, to check stamps of earlier releases. `serve` never
+/// writes one.
+pub fn compute_stamp_v1<'s>(
     key: Option<&StampKey>,
     refs: &References,
     state: impl FnMut(&ObjectRef) -> RefState<'s>,
 ) -> Stamp {
-    let digest: [u8; 32] = match key {
-        Some(k) => {
-            // HMAC accepts keys of any length; StampKey guarantees at least MIN_KEY_LEN.
-            let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&k.bytes)
-                .expect("HMAC-SHA256 takes keys of any length");
-            write_message(&mut mac, refs, state);
-            mac.finalize().into_bytes().into()
+    hash(key, Recipe::V1, |out| {
+        write(out, Recipe::V1, "", refs, state)
+    })
+}
+
+/// Any `Update` sink the message can be written to: HMAC or plain SHA-256.
+enum Hasher {
+    Keyed(Hmac<Sha256>),
+    Plain(Sha256),
+}
+
+impl Update for Hasher {
+    fn update(&mut self, data: &[u8]) {
+        match self {
+            Hasher::Keyed(mac) => Mac::update(mac, data),
+            Hasher::Plain(h) => Digest::update(h, data),
         }
-        None => {
-            let mut h = Sha256::new();
-            write_message(&mut h, refs, state);
-            h.finalize().into()
-        }
+    }
+}
+
+fn hash(key: Option<&StampKey>, recipe: Recipe, message: impl FnOnce(&mut Hasher)) -> Stamp {
+    let mut hasher = match key {
+        // HMAC accepts keys of any length; StampKey guarantees at least MIN_KEY_LEN.
+        Some(k) => Hasher::Keyed(
+            <Hmac<Sha256> as Mac>::new_from_slice(&k.bytes)
+                .expect("HMAC-SHA256 takes keys of any length"),
+        ),
+        None => Hasher::Plain(Sha256::new()),
+    };
+    message(&mut hasher);
+    let digest: [u8; 32] = match hasher {
+        Hasher::Keyed(mac) => mac.finalize().into_bytes().into(),
+        Hasher::Plain(h) => h.finalize().into(),
     };
     Stamp(format!(
-        "{RECIPE_VERSION}:{}:{}",
+        "{}:{}:{}",
+        recipe.as_str(),
         key_id(key),
         hex::encode(digest)
     ))

@@ -234,9 +234,10 @@ pub struct StampArgs {
         required = true
     )]
     pub files: Vec<PathBuf>,
-    /// The namespace of documents that name none.
-    #[arg(long, env = "CONFIGHASH_NAMESPACE", default_value = "default")]
-    pub namespace: String,
+    /// The namespace of documents that name none. The namespace enters every stamp, so a
+    /// ConfigMap, Secret or workload with no metadata.namespace is an error without it.
+    #[arg(long, env = "CONFIGHASH_STAMP_NAMESPACE")]
+    pub namespace: Option<String>,
     /// HMAC key file: its bytes exactly as they are (at least 16). Without it stamps are plain.
     #[arg(long, env = "CONFIGHASH_KEY_FILE")]
     pub key_file: Option<PathBuf>,

@@ -153,15 +153,25 @@ impl ConfigStore {
         self.len() == 0
     }
 
-    /// The rules' view of a workload's references: its expected stamp and whether a required
-    /// reference is absent.
-    pub fn lookup(&self, key: &StampKey, namespace: &str, refs: &References) -> Lookup {
-        let expected = checksum::compute_stamp(Some(key), refs, |r| self.state(namespace, r));
-        let required_absent = refs.iter().any(|(r, spec)| {
-            !spec.optional && matches!(self.state(namespace, r), RefState::Absent)
-        });
+    /// The rules' view of a workload's references in `namespace`: its expected stamp, its
+    /// expected v1 stamp from the same digests when `with_v1` (see [`crate::rules::needs_v1`]),
+    /// and whether a required reference is absent.
+    pub fn lookup(
+        &self,
+        key: &StampKey,
+        namespace: &str,
+        refs: &References,
+        with_v1: bool,
+    ) -> Lookup {
+        let state = |r: &ObjectRef| self.state(namespace, r);
+        let expected = checksum::compute_stamp(Some(key), namespace, refs, state);
+        let expected_v1 = with_v1.then(|| checksum::compute_stamp_v1(Some(key), refs, state));
+        let required_absent = refs
+            .iter()
+            .any(|(r, spec)| !spec.optional && matches!(state(r), RefState::Absent));
         Lookup::Resolved {
             expected,
+            expected_v1,
             required_absent,
         }
     }

@@ -305,7 +305,7 @@ fn is_transient(err: &kube::Error) -> bool {
 /// the ids and then the HMAC of one fixed message (the recipe header) under each key.
 fn same_key(a: &StampKey, b: &StampKey) -> bool {
     let probe = |k: &StampKey| {
-        checksum::compute_stamp(Some(k), &References::default(), |_| {
+        checksum::compute_stamp(Some(k), "", &References::default(), |_| {
             unreachable!("no references, nothing to look up")
         })
     };

@@ -31,7 +31,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::checksum::{
-    self, ObjectDigest, ObjectView, RecipeError, RefState, Stamp, StampKey, Tag, ValueDigest,
+    self, ObjectDigest, ObjectView, Recipe, RecipeError, RefState, Stamp, StampKey, Tag,
+    ValueDigest,
 };
 use crate::metrics::Metrics;
 use crate::refs::{self, ObjectKind, ObjectRef, References};
@@ -468,21 +469,43 @@ impl Resolved {
             .map(|(r, _)| r)
     }
 
-    /// The expected stamp of `refs` over these objects.
-    pub fn stamp(&self, key: &StampKey, refs: &References) -> Result<Stamp, RecipeError> {
-        Ok(checksum::compute_stamp(Some(key), refs, |r| {
-            match self.objects.get(r) {
-                Some(Some(e)) if e.ignored => RefState::Ignored,
-                Some(Some(e)) => RefState::Present(&e.digest),
-                _ => RefState::Absent,
-            }
-        }))
+    /// The expected stamp of the references `refs` of a workload in `namespace` over these
+    /// objects, under `recipe` (v1 has no namespace: it is ignored there).
+    pub fn stamp(
+        &self,
+        key: &StampKey,
+        recipe: Recipe,
+        namespace: &str,
+        refs: &References,
+    ) -> Result<Stamp, RecipeError> {
+        let state = |r: &ObjectRef| match self.objects.get(r) {
+            Some(Some(e)) if e.ignored => RefState::Ignored,
+            Some(Some(e)) => RefState::Present(&e.digest),
+            _ => RefState::Absent,
+        };
+        Ok(match recipe {
+            Recipe::V1 => checksum::compute_stamp_v1(Some(key), refs, state),
+            Recipe::V2 => checksum::compute_stamp(Some(key), namespace, refs, state),
+        })
     }
 
-    /// The rules' view of this lookup.
-    pub fn lookup(&self, key: &StampKey, refs: &References) -> Result<Lookup, RecipeError> {
+    /// The rules' view of this lookup; the expected v1 stamp only when `with_v1` (see
+    /// [`crate::rules::needs_v1`]).
+    pub fn lookup(
+        &self,
+        key: &StampKey,
+        namespace: &str,
+        refs: &References,
+        with_v1: bool,
+    ) -> Result<Lookup, RecipeError> {
+        let expected_v1 = if with_v1 {
+            Some(self.stamp(key, Recipe::V1, namespace, refs)?)
+        } else {
+            None
+        };
         Ok(Lookup::Resolved {
-            expected: self.stamp(key, refs)?,
+            expected: self.stamp(key, Recipe::V2, namespace, refs)?,
+            expected_v1,
             required_absent: self.absent_required(refs).next().is_some(),
         })
     }

@@ -27,8 +27,10 @@ pub struct Source {
 /// How to stamp.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The namespace of documents that name none.
-    pub namespace: String,
+    /// The namespace of documents that name none (`--namespace`). Without it, every ConfigMap,
+    /// Secret and stamped workload must name its own: there is no silent `default`, because the
+    /// namespace enters the stamp.
+    pub namespace: Option<String>,
     /// HMAC key; `None` makes plain stamps.
     pub key: Option<StampKey>,
     /// Report references and stamps instead of writing the documents.
@@ -118,7 +120,8 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         else {
             continue;
         };
-        let ns = namespace(&obj, options);
+        let ns = required_namespace(&obj, options, kind.as_str(), &name)
+            .map_err(|m| error(sources, &docs[place.doc], m))?;
         let key = (ns.clone(), ObjectRef::new(kind, name));
         let config = Config {
             place,
@@ -159,7 +162,6 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
             Ok(Analysis::Unsupported) => continue,
             Err(e) => return Err(error(sources, doc, format!("{kind}: {e}"))),
         };
-        let ns = namespace(&obj, options);
         let title = title(kind, &obj, options);
         if info.opted_out {
             if options.explain {
@@ -176,9 +178,12 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
                 "{title}: {rejected:?} in an extra-reference annotation is not a valid name; left out"
             ));
         }
+        let name = obj.pointer("/metadata/name").and_then(Value::as_str);
+        let ns = required_namespace(&obj, options, kind.kind(), name.unwrap_or("<unnamed>"))
+            .map_err(|m| error(sources, doc, m))?;
         let lookup = |r: &ObjectRef| configs.get(&(ns.clone(), r.clone()));
         let stamp =
-            checksum::compute_stamp(options.key.as_ref(), &info.refs, |r| match lookup(r) {
+            checksum::compute_stamp(options.key.as_ref(), &ns, &info.refs, |r| match lookup(r) {
                 None => RefState::Absent,
                 Some(c) if c.ignored => RefState::Ignored,
                 Some(c) => RefState::Present(&c.digest),
@@ -330,21 +335,38 @@ fn error(sources: &[Source], doc: &Doc<'_>, message: String) -> InputError {
     }
 }
 
-fn namespace(obj: &Value, options: &Options) -> String {
+/// The document's own namespace, else `--namespace`, else none.
+fn namespace<'a>(obj: &'a Value, options: &'a Options) -> Option<&'a str> {
     obj.pointer("/metadata/namespace")
         .and_then(Value::as_str)
         .filter(|ns| !ns.is_empty())
-        .unwrap_or(&options.namespace)
-        .to_owned()
+        .or(options.namespace.as_deref().filter(|ns| !ns.is_empty()))
+}
+
+/// The namespace of an object whose namespace enters a stamp or a lookup.
+fn required_namespace(
+    obj: &Value,
+    options: &Options,
+    kind: &str,
+    name: &str,
+) -> Result<String, String> {
+    namespace(obj, options).map(str::to_owned).ok_or_else(|| {
+        format!(
+            "{kind} {name} has no metadata.namespace; the namespace enters its stamp, so give it \
+             in the document or with --namespace"
+        )
+    })
 }
 
 fn title(kind: WorkloadKind, obj: &Value, options: &Options) -> String {
-    let name = obj.pointer("/metadata/name").and_then(Value::as_str);
-    format!(
-        "{kind} {}/{}",
-        namespace(obj, options),
-        name.unwrap_or("<unnamed>")
-    )
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("<unnamed>");
+    match namespace(obj, options) {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
 }
 
 /// Reads a ConfigMap or Secret (core/v1): its kind, name, ignore annotation and entry digests.

@@ -5,12 +5,17 @@
 //! 1. the lookup failed: nothing changes (UPDATE keeps the old object's stamp; CREATE gets the
 //!    `confighash.dev/unstamped` marker instead of a stamp);
 //! 2. a required reference is absent: an existing stamp is kept (unless `--roll-on-delete`);
-//! 3. the stamp is foreign (other recipe version or key), or missing on a workload that predates
-//!    confighash: kept on an UPDATE that leaves the template otherwise unchanged and by reconcile,
-//!    replaced at the next real change;
+//! 3. the stamp is foreign (another key, an unknown recipe, malformed), or missing on a workload
+//!    that predates confighash: kept on an UPDATE that leaves the template otherwise unchanged and
+//!    by reconcile, replaced at the next real change;
 //! 4. opted-out workloads are never stamped.
+//!
+//! A stamp of the older recipe v1 made with the current key is not foreign: it is compared with
+//! the expected stamp under v1 ([`Lookup::Resolved::expected_v1`]), kept while equal and replaced
+//! by the v2 stamp when stale, so upgrading rolls nothing and a config change made during the
+//! upgrade still rolls once. A real template change (which rolls the pods anyway) writes v2.
 
-use crate::checksum::{Stamp, is_current};
+use crate::checksum::{Recipe, Stamp, is_current};
 
 /// What the stamp on a workload currently is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -45,7 +50,12 @@ pub enum Lookup {
     Failed,
     /// Every reference was read (NotFound counts as read: absent).
     Resolved {
+        /// The expected stamp: recipe v2, the only one ever written.
         expected: Stamp,
+        /// The expected stamp under recipe v1, computed over the same state. Supply it exactly
+        /// when [`needs_v1`] says so (it costs a second hash); otherwise `None`. A v1 stamp that
+        /// needs it but comes without it cannot be checked and is treated as foreign (rule 3).
+        expected_v1: Option<Stamp>,
         /// Some reference that is not optional does not exist.
         required_absent: bool,
     },
@@ -63,7 +73,8 @@ pub struct Options {
 /// Which rule decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
-    /// The stamp becomes the expected stamp, which differs from the current one.
+    /// The stamp becomes the expected stamp, which differs from the current one. (The expected
+    /// stamp is the v2 stamp, or a v1 stamp with the current key that is still right under v1.)
     Stamped,
     /// The stamp already is the expected stamp.
     Unchanged,
@@ -117,10 +128,45 @@ impl Decision {
     }
 }
 
+/// The stamp the workload had before this request: the one rules 1 to 3 keep.
+fn existing<'a>(trigger: Trigger<'a>, current: Current<'a>) -> Current<'a> {
+    match trigger {
+        Trigger::Create => Current::default(),
+        Trigger::Update { old, .. } => old,
+        Trigger::ConfigChange | Trigger::Reconcile => current,
+    }
+}
+
+/// The v1 stamp [`decide`] checks under recipe v1: the existing stamp, when it is a v1 stamp made
+/// with the current key, carries no marker (a marker is always resolved with a v2 stamp), and the
+/// request is not an UPDATE that changes the template (which rolls anyway, so it writes v2).
+fn v1_stamp<'a>(trigger: Trigger<'a>, current: Current<'a>, key_id: &str) -> Option<&'a str> {
+    if let Trigger::Update {
+        template_unchanged: false,
+        ..
+    } = trigger
+    {
+        return None;
+    }
+    let existing = existing(trigger, current);
+    if existing.marker {
+        return None;
+    }
+    existing
+        .stamp
+        .filter(|s| Recipe::of_stamp(s, key_id) == Some(Recipe::V1))
+}
+
+/// Whether [`decide`] needs the expected v1 stamp ([`Lookup::Resolved::expected_v1`]) for this
+/// workload: only when the stamp it keeps or replaces is a v1 stamp made with the current key.
+pub fn needs_v1(trigger: Trigger<'_>, current: Current<'_>, key_id: &str) -> bool {
+    v1_stamp(trigger, current, key_id).is_some()
+}
+
 /// Decides the stamp (and marker) a workload should carry.
 ///
 /// `current` is the workload as submitted (webhook) or as stored (watcher); `key_id` is the id of
-/// the key the expected stamp was made with.
+/// the key the expected stamps were made with.
 pub fn decide(
     trigger: Trigger<'_>,
     current: Current<'_>,
@@ -133,15 +179,10 @@ pub fn decide(
     if opted_out {
         return Decision::keep(current.stamp, current.marker, Outcome::Skipped);
     }
-    // The stamp the workload had before this request: the one rules 1 to 3 keep.
-    let existing = match trigger {
-        Trigger::Create => Current::default(),
-        Trigger::Update { old, .. } => old,
-        Trigger::ConfigChange | Trigger::Reconcile => current,
-    };
+    let existing = existing(trigger, current);
 
     // Rule 1.
-    let (expected, required_absent) = match lookup {
+    let (expected, expected_v1, required_absent) = match lookup {
         Lookup::Failed => {
             return match trigger {
                 Trigger::Create => Decision::keep(current.stamp, true, Outcome::KeptOnError),
@@ -150,12 +191,17 @@ pub fn decide(
         }
         Lookup::Resolved {
             expected,
+            expected_v1,
             required_absent,
-        } => (expected, *required_absent),
+        } => (expected, expected_v1.as_ref(), *required_absent),
     };
 
+    // A v1 stamp with the current key is ours when it can be checked under v1.
+    let v1 = v1_stamp(trigger, current, key_id);
+    let checkable = v1.is_none() || expected_v1.is_some();
+
     // Rule 3. A marker means "stamp me": it is never kept.
-    let existing_is_current = existing.stamp.is_some_and(|s| is_current(s, key_id));
+    let existing_is_current = existing.stamp.is_some_and(|s| is_current(s, key_id)) && checkable;
     if !existing_is_current && !existing.marker {
         let passive = match trigger {
             Trigger::Update {
@@ -182,10 +228,15 @@ pub fn decide(
         return Decision::keep(Some(stamp), false, Outcome::KeptAbsent);
     }
 
-    let outcome = if current.stamp == Some(expected.as_str()) && !current.marker {
+    // A v1 stamp that is right under v1 stays; a stale one becomes the v2 stamp below.
+    let expected = match (v1, expected_v1) {
+        (Some(stamp), Some(expected_v1)) if stamp == expected_v1.as_str() => stamp,
+        _ => expected.as_str(),
+    };
+    let outcome = if current.stamp == Some(expected) && !current.marker {
         Outcome::Unchanged
     } else {
         Outcome::Stamped
     };
-    Decision::keep(Some(expected.as_str()), false, outcome)
+    Decision::keep(Some(expected), false, outcome)
 }

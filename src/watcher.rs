@@ -877,11 +877,14 @@ impl State {
             return None;
         }
         let stamp_key = self.keys.current();
-        let lookup = self.configs.lookup(&stamp_key, &key.namespace, &entry.refs);
         let current = Current {
             stamp: entry.stamp.as_deref(),
             marker: entry.marker,
         };
+        let with_v1 = rules::needs_v1(trigger, current, stamp_key.id());
+        let lookup = self
+            .configs
+            .lookup(&stamp_key, &key.namespace, &entry.refs, with_v1);
         let decision = rules::decide(
             trigger,
             current,

@@ -1409,7 +1409,7 @@ async fn the_code_runs_under_the_deploy_rbac() {
     assert_eq!(metrics.touches("error"), 0);
     let stamp = template_stamp(&admin).await.unwrap();
     assert!(
-        stamp.starts_with(&format!("v1:{}:", keys.current().id())),
+        stamp.starts_with(&format!("v2:{}:", keys.current().id())),
         "{stamp}"
     );
 

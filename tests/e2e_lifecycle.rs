@@ -188,7 +188,7 @@ async fn a_replaced_key_rolls_nothing_until_a_real_change() {
 
     let new_key = StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap();
     let new_id = new_key.id().to_owned();
-    assert!(!old.starts_with(&format!("v1:{new_id}:")));
+    assert!(!old.starts_with(&format!("v2:{new_id}:")));
     env.keys.set(new_key);
 
     // Reconcile leaves the foreign stamp alone.
@@ -220,7 +220,7 @@ async fn a_replaced_key_rolls_nothing_until_a_real_change() {
     assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
     let stamp = env.stamp(NS, "Deployment", "web").await.unwrap();
     assert!(
-        stamp.starts_with(&format!("v1:{new_id}:")),
+        stamp.starts_with(&format!("v2:{new_id}:")),
         "{stamp} carries the new key id {new_id}"
     );
 }
@@ -450,7 +450,7 @@ async fn a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry() {
     env.barrier(NS).await;
     assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
     let stamp = env.stamp(NS, "Deployment", "web").await.unwrap();
-    assert!(stamp.starts_with(&format!("v1:{new_id}:")), "{stamp}");
+    assert!(stamp.starts_with(&format!("v2:{new_id}:")), "{stamp}");
 }
 
 // DESIGN ("Touch"): the Event names what changed. After a retry it says "its stamp was stale":

@@ -153,7 +153,7 @@ fn stamp_yaml_lone_carriage_returns_are_line_breaks() {
         text: String::from_utf8(input.to_vec()).expect("UTF-8"),
     };
     let options = confighash::offline::Options {
-        namespace: "default".to_owned(),
+        namespace: Some("default".to_owned()),
         key: None,
         explain: false,
     };
@@ -171,7 +171,7 @@ fn stamp_yaml_errors_after_lone_carriage_returns_name_the_right_line() {
         text: "a: 1\r\r\r\n---\nb: %\n".to_owned(),
     };
     let options = confighash::offline::Options {
-        namespace: "default".to_owned(),
+        namespace: Some("default".to_owned()),
         key: None,
         explain: false,
     };

@@ -178,24 +178,49 @@ fn lookup_gives_the_stamp_the_whole_objects_give() {
 
     let cm_view = ObjectView::config_map(&cm).unwrap();
     let db_view = ObjectView::secret(&db);
-    let from_objects = checksum::compute_stamp(Some(&key()), &refs, |r| match r.name.as_str() {
+    let state = |r: &ObjectRef| match r.name.as_str() {
         "app" => RefState::Present(&cm_view),
         "db" => RefState::Present(&db_view),
         _ => RefState::Absent,
-    });
+    };
+    let from_objects = checksum::compute_stamp(Some(&key()), "shop", &refs, state);
+    let from_objects_v1 = checksum::compute_stamp_v1(Some(&key()), &refs, state);
     assert_eq!(
-        store.lookup(&key(), "shop", &refs),
+        store.lookup(&key(), "shop", &refs, false),
         Lookup::Resolved {
-            expected: from_objects,
+            expected: from_objects.clone(),
+            expected_v1: None,
             required_absent: false
         }
     );
+    // The v1 stamp, to check stamps of earlier releases, comes from the same digests.
+    assert_eq!(
+        store.lookup(&key(), "shop", &refs, true),
+        Lookup::Resolved {
+            expected: from_objects.clone(),
+            expected_v1: Some(from_objects_v1.clone()),
+            required_absent: false
+        }
+    );
+    // The namespace enters the v2 stamp only.
+    store.upsert(cm_key("shop-2", "app"), stored(&cm));
+    store.upsert(secret_key("shop-2", "db"), StoredConfig::from_secret(&db));
+    let Lookup::Resolved {
+        expected,
+        expected_v1,
+        ..
+    } = store.lookup(&key(), "shop-2", &refs, true)
+    else {
+        panic!("the store always resolves");
+    };
+    assert_ne!(expected, from_objects);
+    assert_eq!(expected_v1, Some(from_objects_v1));
 
     // A required reference gone is reported; an optional one is not.
     store.remove(&secret_key("shop", "db"));
     let Lookup::Resolved {
         required_absent, ..
-    } = store.lookup(&key(), "shop", &refs)
+    } = store.lookup(&key(), "shop", &refs, false)
     else {
         panic!("the store always resolves");
     };

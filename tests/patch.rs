@@ -5,7 +5,7 @@ use confighash::patch;
 use confighash::workload::WorkloadKind;
 use serde_json::{Value, json};
 
-const STAMP: &str = "v1:plain:68da50291d305bed0a35f47f99ded5903a206c95e2f188825ce901d4c4430798";
+const STAMP: &str = "v2:plain:8a197cfb21e9aa6bbcf94cf7eae326632e2e20d00aa81064c1ed75590e8bf482";
 
 fn deployment(template_metadata: Value) -> Value {
     json!({
@@ -89,7 +89,7 @@ fn null_annotations_are_replaced() {
 #[test]
 fn replaces_only_the_stamp_and_keeps_other_annotations() {
     let obj = deployment(json!({"annotations": {
-        "confighash.dev/checksum": "v1:plain:old",
+        "confighash.dev/checksum": "v2:plain:old",
         "odd~key/with~1escapes": "kept",
         "prometheus.io/scrape": "true"
     }}));

@@ -1,16 +1,18 @@
-//! Property tests of checksum recipe v1 (DESIGN "Checksum recipe v1").
+//! Property tests of checksum recipes v2 and v1 (docs/recipe.md).
 //!
-//! Every stamp here is computed four ways and the four must agree: from whole objects
-//! ([`ObjectView`]), from per-key digests of those views ([`ObjectDigest::from_view`]), from digests
-//! this file computes itself with `sha2` ([`ObjectDigest::from_digests`]), and by an independent
-//! implementation of the recipe as DESIGN words it ([`reference_stamp`]), which works on a
-//! structured form of the message ([`Tok`]) so that "two inputs give the same message" can be
-//! decided without trusting the encoding.
+//! Every stamp here is computed four ways, under both recipes, and the four must agree: from whole
+//! objects ([`ObjectView`]), from per-key digests of those views ([`ObjectDigest::from_view`]),
+//! from digests this file computes itself with `sha2` ([`ObjectDigest::from_digests`]), and by an
+//! independent implementation of the recipe as docs/recipe.md words it ([`reference_stamp`]),
+//! which works on a structured form of the message ([`Tok`]) so that "two inputs give the same
+//! message" can be decided without trusting the encoding. The properties are stated for v2, the
+//! recipe stamps are made with.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use confighash::checksum::{
-    self, IGNORE_ANNOTATION, MIN_KEY_LEN, ObjectDigest, ObjectView, RefState, Stamp, StampKey, Tag,
+    self, IGNORE_ANNOTATION, MIN_KEY_LEN, ObjectDigest, ObjectView, Recipe, RefState, Stamp,
+    StampKey, Tag,
 };
 use confighash::refs::{ObjectKind, ObjectRef, References, Selection};
 use hmac::{Hmac, Mac};
@@ -85,16 +87,22 @@ impl Obj {
     }
 }
 
-/// Objects with distinct (kind, name).
+/// Objects with distinct (kind, name), referenced by a workload in `namespace`.
 #[derive(Debug, Clone)]
 struct World {
+    namespace: String,
     objs: Vec<Obj>,
 }
 
 impl World {
     fn new(objs: impl IntoIterator<Item = Obj>) -> Self {
+        World::in_namespace("default", objs)
+    }
+
+    fn in_namespace(namespace: &str, objs: impl IntoIterator<Item = Obj>) -> Self {
         let mut seen = BTreeSet::new();
         World {
+            namespace: namespace.to_owned(),
             objs: objs
                 .into_iter()
                 .map(Obj::normalize)
@@ -142,8 +150,12 @@ fn references(adds: &[(ObjectKind, String, Selection, bool)]) -> References {
 /// lists mean equal inputs to the recipe and nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Tok {
+    /// v2 only: the workload's namespace, after the header.
+    Namespace(String),
     Object(&'static str, String),
     Absent,
+    /// v2 only: a key an absent object's key selection names, after `Absent`.
+    SelectedKey(String),
     Present,
     Entry(&'static str, String, Vec<u8>),
     AbsentKey(String),
@@ -163,7 +175,7 @@ fn kind_str(kind: ObjectKind) -> &'static str {
     }
 }
 
-fn tokens(world: &World) -> Vec<Tok> {
+fn tokens(world: &World, recipe: Recipe) -> Vec<Tok> {
     let mut objs: Vec<&Obj> = world.objs.iter().filter(|o| !o.adds.is_empty()).collect();
     // (kind, name) as bytes: "ConfigMap" < "Secret".
     objs.sort_by(|a, b| {
@@ -171,6 +183,9 @@ fn tokens(world: &World) -> Vec<Tok> {
             .cmp(&(kind_str(b.kind).as_bytes(), b.name.as_bytes()))
     });
     let mut out = Vec::new();
+    if recipe == Recipe::V2 {
+        out.push(Tok::Namespace(world.namespace.clone()));
+    }
     for o in objs {
         if o.state == State::Ignored {
             continue;
@@ -178,6 +193,11 @@ fn tokens(world: &World) -> Vec<Tok> {
         out.push(Tok::Object(kind_str(o.kind), o.name.clone()));
         if o.state == State::Absent {
             out.push(Tok::Absent);
+            if let (Recipe::V2, Some(Selection::Keys(keys))) = (recipe, o.selection()) {
+                let mut keys: Vec<String> = keys.into_iter().collect();
+                keys.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+                out.extend(keys.into_iter().map(Tok::SelectedKey));
+            }
             continue;
         }
         out.push(Tok::Present);
@@ -213,11 +233,16 @@ fn lp(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
 }
 
-fn message(toks: &[Tok]) -> Vec<u8> {
+fn message(toks: &[Tok], recipe: Recipe) -> Vec<u8> {
     let mut m = Vec::new();
-    lp(&mut m, b"confighash-recipe-v1");
+    match recipe {
+        Recipe::V1 => lp(&mut m, b"confighash-recipe-v1"),
+        Recipe::V2 => lp(&mut m, b"confighash-recipe-v2"),
+    }
     for t in toks {
         match t {
+            Tok::Namespace(ns) => lp(&mut m, ns.as_bytes()),
+            Tok::SelectedKey(key) => lp(&mut m, key.as_bytes()),
             Tok::Object(kind, name) => {
                 lp(&mut m, kind.as_bytes());
                 lp(&mut m, name.as_bytes());
@@ -238,15 +263,19 @@ fn message(toks: &[Tok]) -> Vec<u8> {
     m
 }
 
-fn reference_stamp(key: Option<&[u8]>, toks: &[Tok]) -> String {
-    let m = message(toks);
+fn reference_stamp(key: Option<&[u8]>, world: &World, recipe: Recipe) -> String {
+    let m = message(&tokens(world, recipe), recipe);
+    let version = match recipe {
+        Recipe::V1 => "v1",
+        Recipe::V2 => "v2",
+    };
     match key {
-        None => format!("v1:plain:{}", hex::encode(Sha256::digest(&m))),
+        None => format!("{version}:plain:{}", hex::encode(Sha256::digest(&m))),
         Some(k) => {
             let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(k).unwrap();
             mac.update(&m);
             format!(
-                "v1:{}:{}",
+                "{version}:{}:{}",
                 &hex::encode(Sha256::digest(k))[..8],
                 hex::encode(mac.finalize().into_bytes())
             )
@@ -383,8 +412,33 @@ struct Stamps {
     reference: String,
 }
 
-/// The stamp of `refs` over `objs`, every way this file knows.
+/// The crate's stamp under `recipe` (v1 has no namespace).
+fn compute<'s>(
+    recipe: Recipe,
+    key: Option<&StampKey>,
+    namespace: &str,
+    refs: &References,
+    state: impl FnMut(&ObjectRef) -> RefState<'s>,
+) -> Stamp {
+    match recipe {
+        Recipe::V1 => checksum::compute_stamp_v1(key, refs, state),
+        Recipe::V2 => checksum::compute_stamp(key, namespace, refs, state),
+    }
+}
+
+/// The v2 stamp of `refs` over `objs` in the world's namespace, every way this file knows.
 fn stamps(
+    key: Option<&[u8]>,
+    refs: &References,
+    world: &World,
+    objs: &BTreeMap<ObjectRef, K8s>,
+) -> Stamps {
+    stamps_with(Recipe::V2, key, refs, world, objs)
+}
+
+/// [`stamps`] under `recipe`.
+fn stamps_with(
+    recipe: Recipe,
     key: Option<&[u8]>,
     refs: &References,
     world: &World,
@@ -392,12 +446,12 @@ fn stamps(
 ) -> Stamps {
     let stamp_key = key.map(|k| StampKey::new(k.to_vec()).unwrap());
     let stamp_key = stamp_key.as_ref();
-
+    let namespace = world.namespace.as_str();
     let views: BTreeMap<&ObjectRef, (bool, ObjectView<'_>)> = objs
         .iter()
         .map(|(r, o)| (r, (checksum::is_ignored(o.annotations()), o.view())))
         .collect();
-    let views_stamp = checksum::compute_stamp(stamp_key, refs, |r| match views.get(r) {
+    let views_stamp = compute(recipe, stamp_key, namespace, refs, |r| match views.get(r) {
         None => RefState::Absent,
         Some((true, _)) => RefState::Ignored,
         Some((false, v)) => RefState::Present(v),
@@ -407,10 +461,12 @@ fn stamps(
         .iter()
         .map(|(r, (ignored, v))| (*r, (*ignored, ObjectDigest::from_view(v))))
         .collect();
-    let from_view_stamp = checksum::compute_stamp(stamp_key, refs, |r| match from_view.get(r) {
-        None => RefState::Absent,
-        Some((true, _)) => RefState::Ignored,
-        Some((false, d)) => RefState::Present(d),
+    let from_view_stamp = compute(recipe, stamp_key, namespace, refs, |r| {
+        match from_view.get(r) {
+            None => RefState::Absent,
+            Some((true, _)) => RefState::Ignored,
+            Some((false, d)) => RefState::Present(d),
+        }
     });
 
     let raw: BTreeMap<ObjectRef, (State, ObjectDigest)> = world
@@ -424,7 +480,7 @@ fn stamps(
             (o.oref(), (o.state, ObjectDigest::from_digests(digests)))
         })
         .collect();
-    let from_digests_stamp = checksum::compute_stamp(stamp_key, refs, |r| match raw.get(r) {
+    let from_digests_stamp = compute(recipe, stamp_key, namespace, refs, |r| match raw.get(r) {
         None | Some((State::Absent, _)) => RefState::Absent,
         Some((State::Ignored, _)) => RefState::Ignored,
         Some((State::Present, d)) => RefState::Present(d),
@@ -434,7 +490,7 @@ fn stamps(
         views: views_stamp,
         from_view: from_view_stamp,
         from_digests: from_digests_stamp,
-        reference: reference_stamp(key, &tokens(world)),
+        reference: reference_stamp(key, world, recipe),
     }
 }
 
@@ -449,21 +505,43 @@ fn stamp_of(
     world: &World,
     objs: &BTreeMap<ObjectRef, K8s>,
 ) -> String {
-    let s = stamps(key, refs, world, objs);
+    stamp_of_with(Recipe::V2, key, refs, world, objs)
+}
+
+/// The stamp under `recipe`, after checking that every way agrees.
+fn stamp_of_with(
+    recipe: Recipe,
+    key: Option<&[u8]>,
+    refs: &References,
+    world: &World,
+    objs: &BTreeMap<ObjectRef, K8s>,
+) -> String {
+    let s = stamps_with(recipe, key, refs, world, objs);
     assert_eq!(
         s.views, s.from_view,
-        "ObjectView vs ObjectDigest::from_view"
+        "{recipe:?}: ObjectView vs ObjectDigest::from_view"
     );
     assert_eq!(
         s.views, s.from_digests,
-        "ObjectView vs ObjectDigest::from_digests"
+        "{recipe:?}: ObjectView vs ObjectDigest::from_digests"
     );
     assert_eq!(
         s.views.as_str(),
         s.reference,
-        "crate vs the recipe as DESIGN words it"
+        "{recipe:?}: crate vs the recipe as docs/recipe.md words it"
     );
     s.reference
+}
+
+/// The v1 stamp of `world` (with default metadata), after checking that every way agrees.
+fn stamp_v1(key: Option<&[u8]>, world: &World) -> String {
+    stamp_of_with(
+        Recipe::V1,
+        key,
+        &world.references(),
+        world,
+        &objects(world, &[]),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -571,19 +649,32 @@ fn adds() -> impl Strategy<Value = Vec<(Selection, bool)>> {
     vec((selection(), any::<bool>()), 0..3)
 }
 
+/// Namespaces: the recipe takes any bytes, though Kubernetes allows only DNS labels.
+fn namespace() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => select(&["default", "shop", "a", "ab", ""][..]).prop_map(str::to_owned),
+        1 => tricky(),
+    ]
+}
+
 fn world() -> impl Strategy<Value = World> {
-    btree_map((kind(), name()), (state(), entries(), adds()), 0..4).prop_map(|m| {
-        World::new(
-            m.into_iter()
-                .map(|((kind, name), (state, entries, adds))| Obj {
-                    kind,
-                    name,
-                    state,
-                    entries,
-                    adds,
-                }),
-        )
-    })
+    (
+        namespace(),
+        btree_map((kind(), name()), (state(), entries(), adds()), 0..4),
+    )
+        .prop_map(|(namespace, m)| {
+            World::in_namespace(
+                &namespace,
+                m.into_iter()
+                    .map(|((kind, name), (state, entries, adds))| Obj {
+                        kind,
+                        name,
+                        state,
+                        entries,
+                        adds,
+                    }),
+            )
+        })
 }
 
 fn hmac_key() -> impl Strategy<Value = Option<Vec<u8>>> {
@@ -679,6 +770,9 @@ fn meta() -> impl Strategy<Value = Meta> {
 /// `world` changed in one small way (or not at all, when the change does not apply).
 fn mutate(world: &World, op: u8, i: Index, j: Index, piece: &str) -> World {
     let mut objs = world.objs.clone();
+    if op == 10 {
+        return World::in_namespace(&format!("{}{piece}", world.namespace), objs);
+    }
     if objs.is_empty() {
         objs.push(Obj {
             kind: CM,
@@ -687,7 +781,7 @@ fn mutate(world: &World, op: u8, i: Index, j: Index, piece: &str) -> World {
             entries: EntryMap::new(),
             adds: vec![(Selection::Whole, false)],
         });
-        return World::new(objs);
+        return World::in_namespace(&world.namespace, objs);
     }
     let n = objs.len();
     let o = &mut objs[i.index(n)];
@@ -742,13 +836,13 @@ fn mutate(world: &World, op: u8, i: Index, j: Index, piece: &str) -> World {
             }
         }
     }
-    World::new(objs)
+    World::in_namespace(&world.namespace, objs)
 }
 
 fn world_pair() -> impl Strategy<Value = (World, World)> {
     prop_oneof![
         1 => (world(), world()),
-        3 => (world(), 0u8..10, any::<Index>(), any::<Index>(), tricky())
+        3 => (world(), 0u8..11, any::<Index>(), any::<Index>(), tricky())
             .prop_map(|(w, op, i, j, piece)| {
                 let m = mutate(&w, op, i, j, &piece);
                 (w, m)
@@ -805,7 +899,7 @@ proptest! {
         let states: BTreeMap<ObjectRef, State> =
             world.objs.iter().map(|o| (o.oref(), o.state)).collect();
         let stamp_key = key.map(|k| StampKey::new(k.to_vec()).unwrap());
-        let from_digests = checksum::compute_stamp(stamp_key.as_ref(), &refs, |r| {
+        let from_digests = checksum::compute_stamp(stamp_key.as_ref(), &world.namespace, &refs, |r| {
             match (states.get(r), digests.get(r)) {
                 (Some(State::Present), Some(d)) => RefState::Present(d),
                 (Some(State::Ignored), _) => RefState::Ignored,
@@ -915,8 +1009,9 @@ proptest! {
     }
 
     /// (d) Metadata never enters the message: labels, annotations other than ignore (including
-    /// ignore with any value but exactly "true"), resourceVersion, uid, namespace, immutable,
-    /// type, empty maps vs none, and the references' `optional` flags.
+    /// ignore with any value but exactly "true"), resourceVersion, uid, the objects' own
+    /// `metadata.namespace` (v2 binds the workload's namespace, given apart), immutable, type,
+    /// empty maps vs none, and the references' `optional` flags.
     #[test]
     fn metadata_only_changes_do_not_change_the_stamp(
         world in world(),
@@ -984,15 +1079,57 @@ proptest! {
         );
     }
 
-    /// (f) No key, name or value, however much it looks like the message's own framing, makes
-    /// two different inputs give one message: stamps are equal exactly when the structured
-    /// messages are.
+    /// (f) No namespace, key, name or value, however much it looks like the message's own
+    /// framing, makes two different inputs give one message: stamps are equal exactly when the
+    /// structured messages are, under v2 and under v1.
     #[test]
     fn stamps_are_equal_exactly_when_the_inputs_are((a, b) in world_pair(), key in hmac_key()) {
         let key = key.as_deref();
-        let (ta, tb) = (tokens(&a), tokens(&b));
+        let (ta, tb) = (tokens(&a, Recipe::V2), tokens(&b, Recipe::V2));
         let (sa, sb) = (stamp(key, &a), stamp(key, &b));
         prop_assert_eq!(sa == sb, ta == tb, "tokens a {:?}\ntokens b {:?}", ta, tb);
+        let (ta, tb) = (tokens(&a, Recipe::V1), tokens(&b, Recipe::V1));
+        let (sa, sb) = (stamp_v1(key, &a), stamp_v1(key, &b));
+        prop_assert_eq!(sa == sb, ta == tb, "v1 tokens a {:?}\nv1 tokens b {:?}", ta, tb);
+    }
+
+    /// v2 binds the workload's namespace: the same references over the same content in two
+    /// namespaces give two stamps (v1 gave one). This is what stops a stamp made for one
+    /// namespace from testing a guess of a value in another.
+    #[test]
+    fn the_same_content_in_two_namespaces_gives_different_stamps(
+        world in world(),
+        other in namespace(),
+        key in hmac_key(),
+    ) {
+        let key = key.as_deref();
+        prop_assume!(other != world.namespace);
+        let moved = World { namespace: other, ..world.clone() };
+        prop_assert_ne!(stamp(key, &world), stamp(key, &moved));
+        prop_assert_eq!(stamp_v1(key, &world), stamp_v1(key, &moved));
+    }
+
+    /// v2 names the selected keys of an absent object: two key selections of an absent object,
+    /// or a key selection and the whole object, give different stamps (v1 gave one), so a stamp
+    /// does not tell whether an object exists by comparison with another selection's.
+    #[test]
+    fn absent_objects_with_different_key_selections_give_different_stamps(
+        background in world(),
+        kind in kind(),
+        a in proptest::option::of(btree_set(key(), 1..4)),
+        b in proptest::option::of(btree_set(key(), 1..4)),
+        key in hmac_key(),
+    ) {
+        let key = key.as_deref();
+        prop_assume!(a != b);
+        let absent = |keys: &Option<BTreeSet<String>>| Obj {
+            state: State::Absent,
+            adds: vec![(keys.clone().map_or(Selection::Whole, Selection::Keys), false)],
+            ..target(kind, EntryMap::new(), Selection::Whole)
+        };
+        let (wa, wb) = (background.clone().with(absent(&a)), background.with(absent(&b)));
+        prop_assert_ne!(stamp(key, &wa), stamp(key, &wb));
+        prop_assert_eq!(stamp_v1(key, &wa), stamp_v1(key, &wb));
     }
 
     /// (g) Whole objects and digests (from the views, or computed independently with sha2) give
@@ -1010,22 +1147,34 @@ proptest! {
         };
         let stamp_key = k.map(|k| StampKey::new(k.to_vec()).unwrap());
         prop_assert_eq!(checksum::key_id(stamp_key.as_ref()), key_id.as_str());
-        let text = s.views.to_string();
-        let digest = text.strip_prefix(&format!("v1:{key_id}:")).expect("v1:<keyid>:");
-        prop_assert_eq!(digest.len(), 64);
-        prop_assert!(digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
-        prop_assert!(checksum::is_current(&text, &key_id));
+        let v1 = stamps_with(Recipe::V1, k, &world.references(), &world, &objects(&world, &[]));
+        prop_assert_eq!(&v1.views, &v1.from_view);
+        prop_assert_eq!(&v1.views, &v1.from_digests);
+        for (version, text) in [("v2", s.views.to_string()), ("v1", v1.views.to_string())] {
+            let digest = text
+                .strip_prefix(&format!("{version}:{key_id}:"))
+                .expect("<version>:<keyid>:");
+            prop_assert_eq!(digest.len(), 64);
+            prop_assert!(digest.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+            prop_assert!(checksum::is_current(&text, &key_id));
+            prop_assert!(!checksum::is_current(&text, "0badc0de"));
+        }
+        prop_assert_eq!(Recipe::of_stamp(s.views.as_str(), &key_id), Some(Recipe::V2));
+        prop_assert_eq!(Recipe::of_stamp(v1.views.as_str(), &key_id), Some(Recipe::V1));
     }
 
-    /// (h) The crate computes exactly the recipe DESIGN describes (an implementation written
-    /// from the text), and a key changes every stamp.
+    /// (h) The crate computes exactly the recipes docs/recipe.md describes (an implementation
+    /// written from the text), and a key changes every stamp.
     #[test]
     fn stamps_match_the_recipe_as_designed(world in world(), key in vec(any::<u8>(), MIN_KEY_LEN..40)) {
-        let s = stamps(None, &world.references(), &world, &objects(&world, &[]));
-        prop_assert_eq!(s.views.as_str(), s.reference.as_str());
-        let keyed = stamps(Some(key.as_slice()), &world.references(), &world, &objects(&world, &[]));
-        prop_assert_eq!(keyed.views.as_str(), keyed.reference.as_str());
-        prop_assert_ne!(s.reference.rsplit(':').next(), keyed.reference.rsplit(':').next());
+        for recipe in [Recipe::V2, Recipe::V1] {
+            let refs = world.references();
+            let s = stamps_with(recipe, None, &refs, &world, &objects(&world, &[]));
+            prop_assert_eq!(s.views.as_str(), s.reference.as_str());
+            let keyed = stamps_with(recipe, Some(key.as_slice()), &refs, &world, &objects(&world, &[]));
+            prop_assert_eq!(keyed.views.as_str(), keyed.reference.as_str());
+            prop_assert_ne!(s.reference.rsplit(':').next(), keyed.reference.rsplit(':').next());
+        }
     }
 
     /// Offline, a Secret's `stringData` counts as `data`, and wins over `data` for one key.
@@ -1209,6 +1358,32 @@ fn separator_like_names_keys_and_values_do_not_collide() {
             World::new([obj(CM, "a", Present, &[]), obj(CM, "ab", Absent, &[])]),
         ),
         (
+            "an absent object selecting key a",
+            World::new([keys_ref(obj(CM, "a", Absent, &[]), &["a"])]),
+        ),
+        (
+            "an absent object selecting keys a and b",
+            World::new([keys_ref(obj(CM, "a", Absent, &[]), &["a", "b"])]),
+        ),
+        (
+            "an absent object selecting one key holding the framing of two",
+            World::new([keys_ref(
+                obj(CM, "a", Absent, &[]),
+                &[&format!("a{}", lp_str("b"))],
+            )]),
+        ),
+        (
+            "an absent object selecting keys spelling the next object's framing",
+            World::new([keys_ref(
+                obj(CM, "a", Absent, &[]),
+                &["ConfigMap", "ab", "absent"],
+            )]),
+        ),
+        (
+            "an absent object selecting key absent-key",
+            World::new([keys_ref(obj(CM, "a", Absent, &[]), &["absent-key"])]),
+        ),
+        (
             "ConfigMap and Secret of one name",
             World::new([obj(CM, "x", Absent, &[]), obj(SECRET, "x", Absent, &[])]),
         ),
@@ -1248,8 +1423,8 @@ fn a_key_holding_another_entrys_framing_does_not_collide() {
     let one = ObjectDigest::from_digests([(forged.clone(), Tag::Data, d2)]);
     let mut refs = References::default();
     refs.add(CM, "cfg", Selection::Whole, false);
-    let a = checksum::compute_stamp(None, &refs, |_| RefState::Present(&two));
-    let b = checksum::compute_stamp(None, &refs, |_| RefState::Present(&one));
+    let a = checksum::compute_stamp(None, "default", &refs, |_| RefState::Present(&two));
+    let b = checksum::compute_stamp(None, "default", &refs, |_| RefState::Present(&one));
     assert_ne!(a, b);
 
     // The same, selecting keys.
@@ -1260,8 +1435,8 @@ fn a_key_holding_another_entrys_framing_does_not_collide() {
         Selection::Keys(BTreeSet::from(["k".to_owned(), "m".to_owned(), forged])),
         false,
     );
-    let a = checksum::compute_stamp(None, &refs, |_| RefState::Present(&two));
-    let b = checksum::compute_stamp(None, &refs, |_| RefState::Present(&one));
+    let a = checksum::compute_stamp(None, "default", &refs, |_| RefState::Present(&two));
+    let b = checksum::compute_stamp(None, "default", &refs, |_| RefState::Present(&one));
     assert_ne!(a, b);
 }
 
@@ -1276,4 +1451,22 @@ fn from_digests_keeps_the_last_of_a_repeated_key() {
     let last = ObjectDigest::from_digests([("k".to_owned(), Tag::BinaryData, d2)]);
     assert_eq!(repeated, last);
     assert_eq!(repeated.len(), 1);
+}
+
+/// A namespace holding the framing of what follows it gives another message: the namespace is
+/// length-prefixed like everything else.
+#[test]
+fn a_namespace_holding_the_next_objects_framing_does_not_collide() {
+    let absent = |name: &str| obj(CM, name, State::Absent, &[]);
+    let cases = [
+        World::in_namespace("a", [absent("b")]),
+        World::in_namespace(&format!("a{}{}", lp_str("ConfigMap"), lp_str("b")), []),
+        World::in_namespace("", [absent("b")]),
+        World::in_namespace("a", []),
+        World::in_namespace("", []),
+    ];
+    let mut seen = BTreeSet::new();
+    for world in &cases {
+        assert!(seen.insert(stamp(None, world)), "{world:?} collides");
+    }
 }

@@ -173,6 +173,16 @@ fn secret_object(name: &str, data: &[(&str, &[u8])]) -> Secret {
 /// A Deployment in `namespace` whose container reads key `password` of Secret `db`, with these
 /// pod-template annotations.
 fn deployment(namespace: &str, template_annotations: Value) -> Value {
+    deployment_reading(namespace, "db", "password", template_annotations)
+}
+
+/// A Deployment in `namespace` whose container reads key `key` of Secret `secret`.
+fn deployment_reading(
+    namespace: &str,
+    secret: &str,
+    key: &str,
+    template_annotations: Value,
+) -> Value {
     json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -185,7 +195,7 @@ fn deployment(namespace: &str, template_annotations: Value) -> Value {
                     "name": "web",
                     "image": "example/web:1",
                     "env": [{"name": "DB_PASSWORD",
-                             "valueFrom": {"secretKeyRef": {"name": "db", "key": "password"}}}]
+                             "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}]
                 }]}
             }
         }
@@ -244,7 +254,8 @@ fn stamp_for(key: Option<&StampKey>, object: &Value, db: &Secret) -> String {
         panic!("not a workload")
     };
     let view = ObjectView::secret(db);
-    checksum::compute_stamp(key, &info.refs, |r| {
+    let namespace = object["metadata"]["namespace"].as_str().unwrap();
+    checksum::compute_stamp(key, namespace, &info.refs, |r| {
         if r.kind == ObjectKind::Secret && r.name == "db" {
             RefState::Present(&view)
         } else {
@@ -311,12 +322,12 @@ async fn a_stamp_shows_no_value_and_only_the_keys_holder_can_test_a_guess() {
 
     let key = StampKey::new(KEY.to_vec()).unwrap();
     assert_eq!(key.id(), hex::encode(&Sha256::digest(KEY)[..4]));
-    assert!(stamp.starts_with(&format!("v1:{}:", key.id())), "{stamp}");
+    assert!(stamp.starts_with(&format!("v2:{}:", key.id())), "{stamp}");
     assert_eq!(stamp, stamp_for(Some(&key), &object, &db));
 
     // Without the key: the recipe over the right value gives another digest, and so does another key.
     let plain = stamp_for(None, &object, &db);
-    assert!(plain.starts_with("v1:plain:"), "{plain}");
+    assert!(plain.starts_with("v2:plain:"), "{plain}");
     assert_ne!(digest_of(&plain), digest_of(&stamp));
     let other = StampKey::new(b"another key, also 32 bytes long!".to_vec()).unwrap();
     assert_ne!(
@@ -338,7 +349,7 @@ async fn a_stamp_shows_no_value_and_only_the_keys_holder_can_test_a_guess() {
     assert_reveals_none("the reply", &reply.body, &[changed, value]);
 }
 
-/// `confighash serve` stamps with its key only: a `v1:plain:` stamp (what `confighash stamp`
+/// `confighash serve` stamps with its key only: a `v2:plain:` stamp (what `confighash stamp`
 /// writes without --key-file) sent to the webhook, at CREATE or by an UPDATE that puts it back,
 /// is replaced by the keyed stamp.
 #[tokio::test]
@@ -350,7 +361,7 @@ async fn the_webhook_replaces_an_unkeyed_stamp_it_is_sent() {
     let key = StampKey::new(KEY.to_vec()).unwrap();
     let keyed = stamp_for(Some(&key), &deployment(NS, json!({})), &db);
     let plain = stamp_for(None, &deployment(NS, json!({})), &db);
-    assert!(plain.starts_with("v1:plain:"), "{plain}");
+    assert!(plain.starts_with("v2:plain:"), "{plain}");
 
     let object = deployment(NS, json!({ STAMP: plain }));
     let body = review("CREATE", &object, None);
@@ -364,23 +375,82 @@ async fn the_webhook_replaces_an_unkeyed_stamp_it_is_sent() {
     assert_eq!(stamp_of(&updated).as_deref(), Some(keyed.as_str()));
 }
 
-/// The recipe leaves the namespace out (DESIGN: "identical config in two namespaces gives
-/// identical stamps"), so one installation gives equal stamps to workloads whose references
-/// hold equal content in different namespaces. SECURITY.md ("Known limitations") says what that
-/// lets a reader of stamps in several namespaces learn.
+/// The stamp the webhook gives a CREATE of `object`.
+async fn webhook_stamp(h: &Harness, object: &Value) -> String {
+    let body = review("CREATE", object, None);
+    stamp_of(&patched(&body, &h.post(&body).await).0).expect("stamped at CREATE")
+}
+
+/// Issue 12's guessing oracle, replayed: Secret `vault/db` holds a password; someone who can
+/// write Secret `elsewhere/db` and send reviews tries guesses, comparing the webhook's stamp of
+/// their own Deployment with the stamp of one in `vault`. Recipe v2 binds the namespace, so no
+/// guess, the right one included, gives `vault`'s stamp. Under recipe v1 the right guess would
+/// have matched (checked below), which is what the oracle used.
 #[tokio::test]
-async fn equal_config_in_two_namespaces_gives_equal_stamps() {
+async fn the_same_secret_value_in_two_namespaces_gives_different_stamps() {
     let h = harness().await;
-    let stamp_in = async |namespace: &str| {
-        let body = review("CREATE", &deployment(namespace, json!({})), None);
-        stamp_of(&patched(&body, &h.post(&body).await).0).unwrap()
+    let value: &[u8] = b"hunter2";
+    h.secret(NS, "db", &[("password", value)]).await;
+    let target = webhook_stamp(&h, &deployment(NS, json!({}))).await;
+    let mine = deployment("elsewhere", json!({}));
+    let guesses: [&[u8]; 5] = [b"password", b"letmein", b"hunter2", b"123456", b"qwerty"];
+    let mut seen = std::collections::BTreeSet::new();
+    for guess in guesses {
+        h.secret("elsewhere", "db", &[("password", guess)]).await;
+        let stamp = webhook_stamp(&h, &mine).await;
+        assert_ne!(
+            stamp,
+            target,
+            "guess {:?} confirmed",
+            String::from_utf8_lossy(guess)
+        );
+        assert!(seen.insert(stamp), "two guesses gave one stamp");
+    }
+
+    // The same inputs under recipe v1: equal for the right guess (the old oracle).
+    let key = StampKey::new(KEY.to_vec()).unwrap();
+    let v1 = |object: &Value, db: &Secret| {
+        let Analysis::Workload(info) = workload::analyze(WorkloadKind::Deployment, object).unwrap()
+        else {
+            panic!("not a workload")
+        };
+        let view = ObjectView::secret(db);
+        checksum::compute_stamp_v1(Some(&key), &info.refs, |_| RefState::Present(&view))
     };
-    h.secret(NS, "db", &[("password", b"same")]).await;
-    h.secret("elsewhere", "db", &[("password", b"same")]).await;
-    assert_eq!(stamp_in(NS).await, stamp_in("elsewhere").await);
-    h.secret("elsewhere", "db", &[("password", b"different")])
-        .await;
-    assert_ne!(stamp_in(NS).await, stamp_in("elsewhere").await);
+    let db = secret_object("db", &[("password", value)]);
+    assert_eq!(v1(&deployment(NS, json!({})), &db), v1(&mine, &db));
+    // And v2 over the same inputs is what the webhook gave.
+    assert_eq!(
+        stamp_for(Some(&key), &deployment(NS, json!({})), &db),
+        target
+    );
+}
+
+/// Recipe v1 hashed an absent object the same whatever keys were selected, so two reviews that
+/// selected different keys of one object told whether it exists (equal stamps: absent). v2
+/// names the selected keys of an absent object: different selections give different stamps,
+/// whether the object exists or not.
+#[tokio::test]
+async fn absent_objects_with_different_key_selections_give_different_stamps() {
+    let h = harness().await;
+    h.secret(NS, "present", &[("other", b"x")]).await;
+    for secret in ["missing", "present"] {
+        let a = webhook_stamp(&h, &deployment_reading(NS, secret, "a", json!({}))).await;
+        let b = webhook_stamp(&h, &deployment_reading(NS, secret, "b", json!({}))).await;
+        assert_ne!(a, b, "Secret {secret}: keys a and b give one stamp");
+    }
+    // Under v1 the absent Secret's two selections were equal: the old way to tell.
+    let key = StampKey::new(KEY.to_vec()).unwrap();
+    let v1 = |selected: &str| {
+        let object = deployment_reading(NS, "missing", selected, json!({}));
+        let Analysis::Workload(info) =
+            workload::analyze(WorkloadKind::Deployment, &object).unwrap()
+        else {
+            panic!("not a workload")
+        };
+        checksum::compute_stamp_v1(Some(&key), &info.refs, |_| RefState::Absent)
+    };
+    assert_eq!(v1("a"), v1("b"));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -596,7 +666,7 @@ async fn references_resolve_in_the_workloads_own_namespace_only() {
         .unwrap();
         let view = ObjectView::config_map(&cm).unwrap();
         let key = StampKey::new(support::KEY.to_vec()).unwrap();
-        let absent = checksum::compute_stamp(Some(&key), &info.refs, |r| match r.kind {
+        let absent = checksum::compute_stamp(Some(&key), "team-a", &info.refs, |r| match r.kind {
             ObjectKind::ConfigMap => RefState::Present(&view),
             ObjectKind::Secret => RefState::Absent,
         });

@@ -4,13 +4,22 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-const VECTOR_1: &str = "v1:plain:6f004be85bf00fc0a69cd1e9d42b62cabd982c8b566f33df6c11c680b0e9e3ea";
+/// Recipe v2 vector 1: in namespace `default`, and in `shop`.
+const VECTOR_1: &str = "v2:plain:842499d32b43c07f94b45c022381da213f8a0e16cd2a2f5e27bea352550be9e8";
+const VECTOR_1_SHOP: &str =
+    "v2:plain:63fb616d0b3d1936fa1c667467c0f016eff4136898b6af29c79b9dab5a77e927";
 
 fn confighash(args: &[&str], stdin: Option<&str>) -> Output {
+    confighash_env(args, &[], stdin)
+}
+
+/// Runs the binary with only `env` in its environment.
+fn confighash_env(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_confighash"))
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_clear()
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -24,14 +33,22 @@ fn confighash(args: &[&str], stdin: Option<&str>) -> Output {
 }
 
 fn ok(args: &[&str], stdin: Option<&str>) -> (String, String) {
-    let out = confighash(args, stdin);
+    ok_env(args, &[], stdin)
+}
+
+fn ok_env(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> (String, String) {
+    let out = confighash_env(args, env, stdin);
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(out.status.success(), "confighash {args:?} failed: {stderr}");
     (String::from_utf8(out.stdout).unwrap(), stderr)
 }
 
 fn fails(args: &[&str], stdin: Option<&str>) -> String {
-    let out = confighash(args, stdin);
+    fails_env(args, &[], stdin)
+}
+
+fn fails_env(args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> String {
+    let out = confighash_env(args, env, stdin);
     assert!(!out.status.success(), "confighash {args:?} should fail");
     assert!(
         out.stdout.is_empty(),
@@ -66,6 +83,8 @@ fn stamp_of(doc: &serde_json::Value) -> Option<&str> {
     template["metadata"]["annotations"]["confighash.dev/checksum"].as_str()
 }
 
+/// A ConfigMap and a Deployment that name no namespace (as a kustomize base does): stamping
+/// them needs `--namespace`.
 const APP: &str = "\
 # The app's environment.
 apiVersion: v1
@@ -93,7 +112,7 @@ spec:
 
 #[test]
 fn stamps_the_first_design_vector_from_yaml() {
-    let (out, stderr) = ok(&["stamp", "-f", "-"], Some(APP));
+    let (out, stderr) = ok(&["stamp", "--namespace", "default", "-f", "-"], Some(APP));
     assert!(stderr.is_empty(), "{stderr}");
     let docs = documents(&out);
     assert_eq!(docs.len(), 2);
@@ -103,6 +122,62 @@ fn stamps_the_first_design_vector_from_yaml() {
         "untouched document is byte-identical"
     );
     assert_eq!(stamp_of(&yaml(&docs[1])), Some(VECTOR_1));
+
+    // The namespace enters the stamp: given with --namespace or by the documents themselves.
+    let (out, _) = ok(&["stamp", "--namespace", "shop", "-f", "-"], Some(APP));
+    assert_eq!(stamp_of(&yaml(&documents(&out)[1])), Some(VECTOR_1_SHOP));
+    let in_shop = APP.replace("\nmetadata:\n", "\nmetadata:\n  namespace: shop\n");
+    let (out, _) = ok(&["stamp", "-f", "-"], Some(&in_shop));
+    assert_eq!(stamp_of(&yaml(&documents(&out)[1])), Some(VECTOR_1_SHOP));
+    // A document's own namespace wins over --namespace.
+    let (out, _) = ok(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        Some(&in_shop),
+    );
+    assert_eq!(stamp_of(&yaml(&documents(&out)[1])), Some(VECTOR_1_SHOP));
+}
+
+/// No silent `default`: a ConfigMap, Secret or workload that names no namespace, with no
+/// `--namespace`, is an error naming the document. `--namespace` reads its own environment
+/// variable, CONFIGHASH_STAMP_NAMESPACE, not `certs`' CONFIGHASH_NAMESPACE.
+#[test]
+fn a_document_without_a_namespace_is_an_error_naming_it() {
+    let err = fails(&["stamp", "-f", "-"], Some(APP));
+    assert!(err.contains("standard input: document 1 (line 1)"), "{err}");
+    assert!(
+        err.contains("ConfigMap app-env has no metadata.namespace"),
+        "{err}"
+    );
+    assert!(err.contains("--namespace"), "{err}");
+
+    // The ConfigMap in a namespace, the Deployment in none: the error names the Deployment.
+    let half = APP.replacen(
+        "  name: app-env\n",
+        "  name: app-env\n  namespace: default\n",
+        1,
+    );
+    let err = fails(&["stamp", "--explain", "-f", "-"], Some(&half));
+    assert!(err.contains("standard input: document 2"), "{err}");
+    assert!(
+        err.contains("Deployment app has no metadata.namespace"),
+        "{err}"
+    );
+
+    let err = fails_env(
+        &["stamp", "-f", "-"],
+        &[("CONFIGHASH_NAMESPACE", "default")],
+        Some(APP),
+    );
+    assert!(err.contains("has no metadata.namespace"), "{err}");
+    let (out, _) = ok_env(
+        &["stamp", "-f", "-"],
+        &[("CONFIGHASH_STAMP_NAMESPACE", "shop")],
+        Some(APP),
+    );
+    assert_eq!(stamp_of(&yaml(&documents(&out)[1])), Some(VECTOR_1_SHOP));
+    // An empty --namespace is none.
+    let err = fails(&["stamp", "--namespace", "", "-f", "-"], Some(APP));
+    assert!(err.contains("has no metadata.namespace"), "{err}");
 }
 
 #[test]
@@ -126,7 +201,7 @@ fn stamps_every_example_and_keeps_other_documents_byte_for_byte() {
                 let stamped_doc = yaml(a);
                 let stamp =
                     stamp_of(&stamped_doc).unwrap_or_else(|| panic!("{p}: {kind} not stamped"));
-                assert!(stamp.starts_with("v1:plain:"), "{stamp}");
+                assert!(stamp.starts_with("v2:plain:"), "{stamp}");
                 // Nothing but the stamp changed.
                 let mut restored = yaml(a);
                 let t = if kind == "CronJob" {
@@ -161,7 +236,16 @@ fn a_directory_reads_its_yaml_files_in_name_order() {
     std::fs::write(dir.path().join("b-deploy.yaml"), deploy).unwrap();
     std::fs::write(dir.path().join("a-config.yml"), cm).unwrap();
     std::fs::write(dir.path().join("notes.txt"), "not yaml: [").unwrap();
-    let (out, _) = ok(&["stamp", "-f", dir.path().to_str().unwrap()], None);
+    let (out, _) = ok(
+        &[
+            "stamp",
+            "--namespace",
+            "default",
+            "-f",
+            dir.path().to_str().unwrap(),
+        ],
+        None,
+    );
     let docs = documents(&out);
     assert_eq!(docs.len(), 2, "{out}");
     assert_eq!(docs[0], cm);
@@ -171,7 +255,10 @@ fn a_directory_reads_its_yaml_files_in_name_order() {
 #[test]
 fn explain_names_each_reference_and_a_missing_one() {
     let input = APP.replace("envFrom: [{configMapRef: {name: app-env}}]", "envFrom: [{configMapRef: {name: app-env}}, {secretRef: {name: app-secrets}}]\n          env:\n            - {name: DB, valueFrom: {configMapKeyRef: {name: db, key: url, optional: true}}}");
-    let (out, stderr) = ok(&["stamp", "--explain", "-f", "-"], Some(&input));
+    let (out, stderr) = ok(
+        &["stamp", "--explain", "--namespace", "default", "-f", "-"],
+        Some(&input),
+    );
     assert!(out.contains("Deployment default/app"), "{out}");
     assert!(
         out.contains("ConfigMap app-env: whole object, required: found, 2 keys"),
@@ -185,7 +272,7 @@ fn explain_names_each_reference_and_a_missing_one() {
         out.contains("Secret app-secrets: whole object, required: absent"),
         "{out}"
     );
-    assert!(out.contains("stamp: v1:plain:"), "{out}");
+    assert!(out.contains("stamp: v2:plain:"), "{out}");
     assert!(
         stderr.contains("references Secret app-secrets, which is not in the input"),
         "{stderr}"
@@ -203,7 +290,10 @@ fn namespaces_keep_references_apart() {
         "  name: app-env\n  namespace: other\n",
         1,
     );
-    let (out, _) = ok(&["stamp", "--explain", "-f", "-"], Some(&other_ns));
+    let (out, _) = ok(
+        &["stamp", "--explain", "--namespace", "default", "-f", "-"],
+        Some(&other_ns),
+    );
     assert!(
         out.contains("ConfigMap app-env: whole object, required: absent"),
         "{out}"
@@ -222,12 +312,20 @@ fn a_key_file_makes_hmac_stamps_and_short_keys_are_refused() {
     let key = dir.path().join("key");
     std::fs::write(&key, "0123456789abcdef0123456789abcdef").unwrap();
     let (out, _) = ok(
-        &["stamp", "--key-file", key.to_str().unwrap(), "-f", "-"],
+        &[
+            "stamp",
+            "--key-file",
+            key.to_str().unwrap(),
+            "--namespace",
+            "default",
+            "-f",
+            "-",
+        ],
         Some(APP),
     );
     assert_eq!(
         stamp_of(&yaml(&documents(&out)[1])),
-        Some("v1:3eb1bd43:4084ffa0af2c111a98d039d2aa796f61a55b363c85768d6c06c74021173632a3")
+        Some("v2:3eb1bd43:abf5d65729f9d1f18f8e11dd7b4b73385fea471594fae17e4a7353cf5a359f77")
     );
     std::fs::write(&key, "short").unwrap();
     let err = fails(
@@ -290,7 +388,7 @@ fn invalid_objects_get_clear_errors() {
             "defined twice",
         ),
     ] {
-        let err = fails(&["stamp", "-f", "-"], Some(input));
+        let err = fails(&["stamp", "--namespace", "default", "-f", "-"], Some(input));
         assert!(err.contains("standard input: document"), "{input}: {err}");
         assert!(err.contains(want), "{input}: want {want:?} in {err}");
     }
@@ -328,7 +426,7 @@ items:
         spec:
           containers: [{name: a, image: agent, envFrom: [{configMapRef: {name: app-env}}]}]
 ";
-    let (out, _) = ok(&["stamp", "-f", "-"], Some(input));
+    let (out, _) = ok(&["stamp", "--namespace", "default", "-f", "-"], Some(input));
     let list = yaml(&out);
     assert_eq!(stamp_of(&list["items"][1]), Some(VECTOR_1));
     assert_eq!(stamp_of(&list["items"][2]), None);
@@ -342,10 +440,13 @@ fn ignored_config_maps_are_left_out() {
         "  name: app-env\n  annotations: {confighash.dev/ignore: \"true\"}\n",
         1,
     );
-    let (out, _) = ok(&["stamp", "-f", "-"], Some(&ignored));
+    let (out, _) = ok(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        Some(&ignored),
+    );
     assert_eq!(
         stamp_of(&yaml(&documents(&out)[1])),
-        Some("v1:plain:68da50291d305bed0a35f47f99ded5903a206c95e2f188825ce901d4c4430798"),
+        Some("v2:plain:8a197cfb21e9aa6bbcf94cf7eae326632e2e20d00aa81064c1ed75590e8bf482"),
         "an ignored object counts as unreferenced (the no-reference vector)"
     );
 }

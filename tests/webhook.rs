@@ -8,11 +8,11 @@ use apiserver::{ApiServer, HttpsClient, TestCerts};
 use base64::Engine;
 use confighash::admin::Health;
 use confighash::admission::Webhook;
-use confighash::checksum::{self, ObjectView, RefState, StampKey};
+use confighash::checksum::{self, ObjectView, Recipe, RefState, StampKey};
 use confighash::key::KeyStore;
 use confighash::lookup::KubeSource;
 use confighash::metrics::Metrics;
-use confighash::refs::ObjectKind;
+use confighash::refs::{ObjectKind, ObjectRef};
 use confighash::serve::{self, Running, ServeConfig};
 use confighash::tls::CertStore;
 use confighash::workload::{self, Analysis, WorkloadKind};
@@ -172,6 +172,11 @@ impl Harness {
 
     /// The stamp the webhook should compute for `object` from the stand-in's current state.
     async fn expected(&self, kind: WorkloadKind, object: &Value) -> String {
+        self.expected_with(Recipe::V2, kind, object).await
+    }
+
+    /// The same under `recipe` (v1: what an earlier release stamped).
+    async fn expected_with(&self, recipe: Recipe, kind: WorkloadKind, object: &Value) -> String {
         let Analysis::Workload(info) = workload::analyze(kind, object).unwrap() else {
             panic!("not a workload")
         };
@@ -211,13 +216,15 @@ impl Harness {
                 })
             }))
             .collect();
-        checksum::compute_stamp(Some(&key), &info.refs, |r| {
-            match views.iter().find(|(v, _, _)| v == r) {
-                Some((_, true, _)) => RefState::Ignored,
-                Some((_, false, view)) => RefState::Present(view),
-                None => RefState::Absent,
-            }
-        })
+        let state = |r: &ObjectRef| match views.iter().find(|(v, _, _)| v == r) {
+            Some((_, true, _)) => RefState::Ignored,
+            Some((_, false, view)) => RefState::Present(view),
+            None => RefState::Absent,
+        };
+        match recipe {
+            Recipe::V1 => checksum::compute_stamp_v1(Some(&key), &info.refs, state),
+            Recipe::V2 => checksum::compute_stamp(Some(&key), "shop", &info.refs, state),
+        }
         .to_string()
     }
 
@@ -354,7 +361,7 @@ async fn create_and_update_every_kind() {
         let (created, patch) = h.admit(&review("CREATE", kind, &object, None)).await;
         let stamp = stamp_of(kind, &created).unwrap_or_else(|| panic!("{kind} not stamped"));
         assert_eq!(stamp, h.expected(kind, &object).await, "{kind}");
-        assert!(stamp.starts_with("v1:3eb1bd43:"), "{stamp}");
+        assert!(stamp.starts_with("v2:3eb1bd43:"), "{stamp}");
         // Nothing but the stamp changed.
         let mut back = created.clone();
         set_stamp(kind, &mut back, None);
@@ -587,6 +594,66 @@ async fn a_foreign_stamp_is_kept_until_the_template_changes() {
         stamp_of(kind, &replaced).unwrap(),
         h.expected(kind, &object).await
     );
+}
+
+/// A stamp of recipe v1 made with the current key (what the release before stamped) is checked
+/// under v1: an UPDATE that leaves the template alone keeps it while it is right (also when the
+/// request drops it, or carries the watcher's v2 touch the webhook's own reads disagree with),
+/// and replaces it with the v2 stamp once the config changed. A template change writes v2.
+#[tokio::test]
+async fn a_v1_stamp_of_the_current_key_is_kept_while_right_and_replaced_when_stale() {
+    let h = harness().await;
+    standard_config(&h).await;
+    let kind = WorkloadKind::Deployment;
+    let bare = workload_object(kind, pod_template(json!({})));
+    let v1 = h.expected_with(Recipe::V1, kind, &bare).await;
+    let v2 = h.expected(kind, &bare).await;
+    assert!(v1.starts_with("v1:3eb1bd43:"), "{v1}");
+    assert_ne!(v1, v2);
+    let object = workload_object(kind, pod_template(json!({STAMP: v1})));
+
+    // Nothing changed: kept, whether the request carries it, drops it or carries a v2 stamp.
+    let (kept, patch) = h
+        .admit(&review("UPDATE", kind, &object, Some(&object)))
+        .await;
+    assert!(patch.is_none(), "{patch:?}");
+    assert_eq!(stamp_of(kind, &kept).as_deref(), Some(v1.as_str()));
+    for carried in [None, Some(v2.as_str())] {
+        let mut request = object.clone();
+        set_stamp(kind, &mut request, carried);
+        let (kept, _) = h
+            .admit(&review("UPDATE", kind, &request, Some(&object)))
+            .await;
+        assert_eq!(
+            stamp_of(kind, &kept).as_deref(),
+            Some(v1.as_str()),
+            "carrying {carried:?}"
+        );
+    }
+    assert_eq!(h.metrics.requests("Deployment", "UPDATE", "unchanged"), 1);
+
+    // A template change rolls anyway: it writes the v2 stamp.
+    let mut changed = object.clone();
+    changed["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    let (migrated, _) = h
+        .admit(&review("UPDATE", kind, &changed, Some(&object)))
+        .await;
+    assert_eq!(stamp_of(kind, &migrated).as_deref(), Some(v2.as_str()));
+
+    // The config changes: the v1 stamp is stale and becomes the v2 stamp of the new content.
+    h.config_map(
+        "app-env",
+        json!({"LOG_LEVEL": "debug", "PORT": "8080"}),
+        json!({}),
+    )
+    .await;
+    let (replaced, patch) = h
+        .admit(&review("UPDATE", kind, &object, Some(&object)))
+        .await;
+    assert!(patch.is_some());
+    let now = h.expected(kind, &bare).await;
+    assert_ne!(now, v2);
+    assert_eq!(stamp_of(kind, &replaced).as_deref(), Some(now.as_str()));
 }
 
 #[tokio::test]
@@ -1057,7 +1124,7 @@ async fn the_api_server_calls_the_webhook_and_workloads_are_stamped_at_create() 
     .await;
     let touched = deploys
         .patch("web", &PatchParams::default(), &Patch::Merge(json!({
-            "spec": {"template": {"metadata": {"annotations": {STAMP: "v1:3eb1bd43:0000000000000000000000000000000000000000000000000000000000000000"}}}}
+            "spec": {"template": {"metadata": {"annotations": {STAMP: "v2:3eb1bd43:0000000000000000000000000000000000000000000000000000000000000000"}}}}
         })))
         .await
         .unwrap();

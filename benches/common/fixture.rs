@@ -549,7 +549,7 @@ pub fn review(stamp: &str) -> ReviewFixture {
 /// must replace it, so the handler goes all the way to a patch.
 pub fn stale_stamp() -> String {
     let key = StampKey::new(KEY.to_vec()).expect("a long enough key");
-    format!("v1:{}:{}", key.id(), "0".repeat(64))
+    format!("v2:{}:{}", key.id(), "0".repeat(64))
 }
 
 /// Checks the fixture: the Deployment references exactly the 10 objects served.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use axum::response::IntoResponse;
 use base64::Engine;
 use confighash::admission::{BadRequest, Webhook};
-use confighash::checksum::{self, ObjectDigest, RefState, StampKey, Tag};
+use confighash::checksum::{self, ObjectDigest, Recipe, RefState, StampKey, Tag};
 use confighash::key::KeyStore;
 use confighash::lookup::{ConfigSource, Fetched, MemoryBudget};
 use confighash::metrics::Metrics;
@@ -232,8 +232,10 @@ fn check_review(rt: &Runtime, webhook: &Webhook, body: &[u8], review: &Value) {
             (Some("add"), Some(_)) => {
                 let stamp = op["value"].as_str().expect("a string stamp");
                 let key_id = webhook.keys().current().id().to_owned();
+                // Only the current recipe is ever written; an older one only by keeping it.
                 assert!(
-                    checksum::is_current(stamp, &key_id) || Some(stamp) == old_stamp,
+                    Recipe::of_stamp(stamp, &key_id) == Some(Recipe::CURRENT)
+                        || Some(stamp) == old_stamp,
                     "the patch sets {stamp:?}, neither a current stamp nor the old one"
                 );
             }
@@ -538,12 +540,21 @@ fn check_stamps(found: &References) {
     };
     let key = StampKey::new(KEY.to_vec()).expect("a long enough key");
     for key in [None, Some(&key)] {
-        let stamp = checksum::compute_stamp(key, found, state);
-        assert!(
-            checksum::is_current(stamp.as_str(), checksum::key_id(key)),
+        let id = checksum::key_id(key);
+        let stamp = checksum::compute_stamp(key, "fuzz", found, state);
+        assert_eq!(
+            Recipe::of_stamp(stamp.as_str(), id),
+            Some(Recipe::V2),
             "malformed stamp {stamp}"
         );
-        assert_eq!(stamp, checksum::compute_stamp(key, found, state));
+        assert_eq!(stamp, checksum::compute_stamp(key, "fuzz", found, state));
+        assert_ne!(stamp, checksum::compute_stamp(key, "fuzz2", found, state));
+        let v1 = checksum::compute_stamp_v1(key, found, state);
+        assert_eq!(
+            Recipe::of_stamp(v1.as_str(), id),
+            Some(Recipe::V1),
+            "malformed v1 stamp {v1}"
+        );
     }
 }
 
@@ -578,7 +589,7 @@ pub fn stamp_sources(bytes: &[u8]) -> Option<Vec<Source>> {
 
 fn stamp_options(explain: bool) -> offline::Options {
     offline::Options {
-        namespace: "default".to_owned(),
+        namespace: Some("default".to_owned()),
         key: None,
         explain,
     }
@@ -591,6 +602,20 @@ pub fn check_stamp_yaml(sources: &[Source]) {
     let explained = offline::run(sources, &stamp_options(true));
     if let Err(e) = &explained {
         check_input_error(sources, e);
+    }
+    // Without --namespace: an error that points into the input (a document that needs a
+    // namespace names none), or, when no document needed one, the same output.
+    let without_namespace = offline::run(
+        sources,
+        &offline::Options {
+            namespace: None,
+            ..stamp_options(false)
+        },
+    );
+    match (&without_namespace, &stamped) {
+        (Err(e), _) => check_input_error(sources, e),
+        (Ok(out), Ok(with)) => assert_eq!(out, with, "--namespace changed a run that needs none"),
+        (Ok(_), Err(e)) => panic!("only --namespace made the run fail: {e}"),
     }
     let out = match stamped {
         Ok(out) => out,
@@ -720,7 +745,7 @@ fn without_stamps(mut doc: Value) -> Value {
     doc
 }
 
-/// Every workload of the output that stamping reads as one carries a plain v1 stamp, unless it
+/// Every workload of the output that stamping reads as one carries a plain v2 stamp, unless it
 /// opted out.
 fn check_stamped(doc: &Value) {
     let mut doc = doc.clone();
@@ -732,8 +757,9 @@ fn check_stamped(doc: &Value) {
             && !info.opted_out
         {
             let stamp = info.stamp.as_deref().unwrap_or_default();
-            assert!(
-                checksum::is_current(stamp, checksum::PLAIN_KEY_ID),
+            assert_eq!(
+                Recipe::of_stamp(stamp, checksum::PLAIN_KEY_ID),
+                Some(Recipe::CURRENT),
                 "a stamped {kind} carries {stamp:?}"
             );
         }

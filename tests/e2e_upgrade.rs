@@ -1,0 +1,360 @@
+//! End to end: upgrading from a release that stamped with recipe v1. Workloads carry `v1:` stamps
+//! made with the installation's key, written before this version starts; they are checked under
+//! v1 (DESIGN "Checksum recipe v2"), so the upgrade rolls nothing, and a config change made while
+//! the new version takes over (a leader handover) rolls each dependent workload exactly once, to
+//! its v2 stamp.
+//!
+//! The `v1:` stamps are written straight into the stand-in: the workloads are created while
+//! their namespace is not opted in (the webhook's namespaceSelector skips them, as it would skip
+//! them with no confighash installed), with stamps computed by `compute_stamp_v1` over the
+//! objects as the API server stores them. The namespace is opted in before the watcher starts.
+
+#[path = "e2e/support.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use confighash::checksum::{self, ObjectView, RefState, Stamp, StampKey};
+use confighash::leader::{self, LeaderConfig};
+use confighash::metrics::Metrics;
+use confighash::refs::{ObjectKind, ObjectRef};
+use confighash::watcher::{self, WatcherConfig};
+use confighash::workload::{self, Analysis, WorkloadKind};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{Env, Setup};
+
+const NS: &str = "shop";
+
+/// The workloads of the upgrade: (kind, name, references). The first three depend on ConfigMap
+/// `app-env` (whole, one key, and beside a Secret key and an absent optional key); `other` does
+/// not.
+const WORKLOADS: [(&str, &str, &[(&str, &str)]); 4] = [
+    ("Deployment", "web", &[("envFrom", "app-env")]),
+    (
+        "StatefulSet",
+        "db",
+        &[
+            ("key", "app-env/LOG_LEVEL"),
+            ("secretKey", "db-creds/password"),
+        ],
+    ),
+    (
+        "CronJob",
+        "report",
+        &[
+            ("envFrom", "app-env"),
+            ("secretEnvFrom", "db-creds"),
+            ("optionalEnvFrom", "not-there"),
+        ],
+    ),
+    ("Deployment", "other", &[("volume", "unrelated")]),
+];
+
+/// The API plurals of the workload kinds above: confighash must write none of them.
+const PLURALS: [&str; 3] = ["deployments", "statefulsets", "cronjobs"];
+
+fn kind_of(kind: &str) -> WorkloadKind {
+    WorkloadKind::ALL
+        .into_iter()
+        .find(|k| k.kind() == kind)
+        .expect("a workload kind")
+}
+
+/// The v1 and v2 stamps of `object` over its references as the API server stores them now.
+async fn stamps_now(env: &Env, kind: &str, object: &Value) -> (Stamp, Stamp) {
+    let Analysis::Workload(info) = workload::analyze(kind_of(kind), object).unwrap() else {
+        panic!("not a workload")
+    };
+    let cms = Api::<ConfigMap>::namespaced(env.client.clone(), NS);
+    let secrets = Api::<Secret>::namespaced(env.client.clone(), NS);
+    let mut stored_cms = BTreeMap::new();
+    let mut stored_secrets = BTreeMap::new();
+    for (r, _) in info.refs.iter() {
+        match r.kind {
+            ObjectKind::ConfigMap => {
+                if let Some(cm) = cms.get_opt(&r.name).await.unwrap() {
+                    stored_cms.insert(r.clone(), cm);
+                }
+            }
+            ObjectKind::Secret => {
+                if let Some(s) = secrets.get_opt(&r.name).await.unwrap() {
+                    stored_secrets.insert(r.clone(), s);
+                }
+            }
+        }
+    }
+    let mut views: BTreeMap<&ObjectRef, ObjectView<'_>> = BTreeMap::new();
+    for (r, cm) in &stored_cms {
+        views.insert(r, ObjectView::config_map(cm).unwrap());
+    }
+    for (r, s) in &stored_secrets {
+        views.insert(r, ObjectView::secret(s));
+    }
+    let state = |r: &ObjectRef| match views.get(r) {
+        Some(v) => RefState::Present(v),
+        None => RefState::Absent,
+    };
+    let key = StampKey::new(support::KEY.to_vec()).unwrap();
+    (
+        checksum::compute_stamp_v1(Some(&key), &info.refs, state),
+        checksum::compute_stamp(Some(&key), NS, &info.refs, state),
+    )
+}
+
+/// Creates the namespace (not opted in yet), the config and the workloads, each carrying the
+/// v1 stamp of the current key over the config as stored. Returns the workloads' v1 stamps by
+/// name.
+async fn seed_v1_stamped(env: &Env) -> BTreeMap<&'static str, String> {
+    env.namespace(NS, false).await;
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "info"), ("PORT", "8080")])
+        .await;
+    env.config_map(NS, "unrelated", &[("motd", "hello")]).await;
+    env.secret(NS, "db-creds", &[("password", "s3cret"), ("user", "app")])
+        .await;
+    let mut stamps = BTreeMap::new();
+    for (kind, name, refs) in WORKLOADS {
+        let mut object = support::workload_object(kind, name, refs, json!({}));
+        let (v1, v2) = stamps_now(env, kind, &object).await;
+        assert!(v1.as_str().starts_with("v1:3eb1bd43:"), "{v1}");
+        assert_ne!(v1.as_str(), v2.as_str());
+        let path = format!("/{}/metadata", kind_of(kind).template_path().join("/"));
+        object.pointer_mut(&path).unwrap()["annotations"] = json!({support::STAMP: v1.as_str()});
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(env.client.clone(), NS, &support::api_resource(kind));
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .unwrap();
+        // Stored as written: the webhook did not see it.
+        assert_eq!(
+            env.stamp(NS, kind, name).await.as_deref(),
+            Some(v1.as_str())
+        );
+        stamps.insert(name, v1.to_string());
+    }
+    stamps
+}
+
+/// Labels the namespace `confighash.dev/enabled=true`.
+async fn opt_in(env: &Env) {
+    Api::<Namespace>::all(env.client.clone())
+        .patch(
+            NS,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": "true"}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Writes (update or patch) on the workload kinds above, by anyone; the test itself only
+/// creates them.
+fn workload_writes(env: &Env) -> usize {
+    env.api()
+        .requests()
+        .iter()
+        .filter(|(verb, resource)| {
+            (verb == "patch" || verb == "update") && PLURALS.contains(&resource.as_str())
+        })
+        .count()
+}
+
+/// A barrier that touches no workload kind under test: a DaemonSet in namespace `sentinel`
+/// that uses ConfigMap `barrier`. The watcher handles ConfigMap events in order, so once its
+/// change has rolled the DaemonSet, everything written before has been handled too.
+async fn barrier(env: &Env) {
+    const SENTINEL: &str = "sentinel";
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), SENTINEL);
+    if Api::<Namespace>::all(env.client.clone())
+        .get_opt(SENTINEL)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        env.namespace(SENTINEL, true).await;
+        env.config_map(SENTINEL, "barrier", &[("n", "0")]).await;
+        env.workload(
+            SENTINEL,
+            "DaemonSet",
+            "barrier",
+            &[("envFrom", "barrier")],
+            json!({}),
+        )
+        .await;
+    }
+    let before = env.rollouts(SENTINEL, "DaemonSet", "barrier").await;
+    let n = cms.get("barrier").await.unwrap().data.unwrap()["n"]
+        .parse::<u64>()
+        .unwrap()
+        + 1;
+    env.config_map(SENTINEL, "barrier", &[("n", &n.to_string())])
+        .await;
+    env.wait_rollouts(SENTINEL, "DaemonSet", "barrier", before + 1)
+        .await;
+}
+
+#[tokio::test]
+async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
+    let mut env = Env::start_with(Setup {
+        start_watcher: false,
+        ..Default::default()
+    })
+    .await;
+    let v1 = seed_v1_stamped(&env).await;
+
+    // A control beside them: a v1 stamp of the current key over content that has changed since
+    // (stale). Reconcile at start replaces it, which shows reconcile ran over this namespace.
+    let mut control =
+        support::workload_object("DaemonSet", "control", &[("envFrom", "app-env")], json!({}));
+    let (_, control_v2) = stamps_now(&env, "DaemonSet", &control).await;
+    let stale = "v1:3eb1bd43:0000000000000000000000000000000000000000000000000000000000000000";
+    control["spec"]["template"]["metadata"]["annotations"] = json!({support::STAMP: stale});
+    Api::<DynamicObject>::namespaced_with(
+        env.client.clone(),
+        NS,
+        &support::api_resource("DaemonSet"),
+    )
+    .create(
+        &PostParams::default(),
+        &serde_json::from_value(control).unwrap(),
+    )
+    .await
+    .unwrap();
+    opt_in(&env).await;
+    assert_eq!(workload_writes(&env), 0);
+
+    env.start_watcher();
+    env.wait_synced().await;
+    env.wait_rollouts(NS, "DaemonSet", "control", 1).await;
+    // Twice: the first may be handled in the same pass as reconcile's touches; by the second,
+    // every touch reconcile started has been answered.
+    barrier(&env).await;
+    barrier(&env).await;
+
+    assert_eq!(
+        env.stamp(NS, "DaemonSet", "control").await.as_deref(),
+        Some(control_v2.as_str()),
+        "the stale v1 stamp became the v2 stamp"
+    );
+    for (kind, name, _) in WORKLOADS {
+        assert_eq!(
+            env.rollouts(NS, kind, name).await,
+            0,
+            "{kind} {name} rolled"
+        );
+        assert_eq!(
+            env.stamp(NS, kind, name).await.as_deref(),
+            Some(v1[name].as_str()),
+            "{kind} {name} keeps its right v1 stamp"
+        );
+    }
+    assert_eq!(workload_writes(&env), 0, "confighash wrote a workload");
+}
+
+#[tokio::test]
+async fn a_config_change_during_a_leader_handover_rolls_each_dependent_once() {
+    let mut env = Env::start_with(Setup {
+        start_watcher: false,
+        ..Default::default()
+    })
+    .await;
+    let v1 = seed_v1_stamped(&env).await;
+    opt_in(&env).await;
+    Api::<Namespace>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "confighash"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    // Two replicas of the new version; one leads and reconciles over the v1 stamps.
+    let election = |identity: &str| {
+        let mut config = LeaderConfig::new("confighash", identity);
+        config.lease_duration = Duration::from_millis(1500);
+        config.renew_deadline = Duration::from_millis(1000);
+        config.retry_period = Duration::from_millis(200);
+        leader::spawn(env.confighash.clone(), config)
+    };
+    let (lead_a, elect_a) = election("replica-a");
+    let (lead_b, elect_b) = election("replica-b");
+    env.start_watcher_with(lead_a.clone());
+    let watcher_b = tokio::spawn(watcher::run(
+        env.confighash.clone(),
+        env.keys.clone(),
+        lead_b.clone(),
+        Arc::new(Metrics::new()),
+        WatcherConfig {
+            identity: "replica-b".to_owned(),
+            ..env.config.clone()
+        },
+    ));
+    env.eventually("a leader", || async {
+        lead_a.is_leader() || lead_b.is_leader()
+    })
+    .await;
+    env.wait_synced().await;
+    barrier(&env).await;
+    barrier(&env).await;
+    for (kind, name, _) in WORKLOADS {
+        assert_eq!(
+            env.rollouts(NS, kind, name).await,
+            0,
+            "{kind} {name} rolled"
+        );
+    }
+    assert_eq!(workload_writes(&env), 0);
+
+    // The leader goes away; the config changes before the other replica has taken over.
+    let (survivor, survivor_election, survivor_watcher) = if lead_a.is_leader() {
+        env.stop_watcher();
+        elect_a.abort();
+        (lead_b, elect_b, Some(watcher_b))
+    } else {
+        watcher_b.abort();
+        elect_b.abort();
+        (lead_a, elect_a, None)
+    };
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug"), ("PORT", "8080")])
+        .await;
+    env.eventually("the other replica to take over", || async {
+        survivor.is_leader()
+    })
+    .await;
+
+    for (kind, name, _) in &WORKLOADS[..3] {
+        env.wait_rollouts(NS, kind, name, 1).await;
+    }
+    barrier(&env).await;
+    barrier(&env).await;
+    for (kind, name, _) in &WORKLOADS[..3] {
+        assert_eq!(
+            env.rollouts(NS, kind, name).await,
+            1,
+            "{kind} {name}: one rollout, never two"
+        );
+        let object = env.get_workload(NS, kind, name).await.unwrap();
+        let (_, v2) = stamps_now(&env, kind, &object).await;
+        assert_eq!(
+            env.stamp(NS, kind, name).await.as_deref(),
+            Some(v2.as_str()),
+            "{kind} {name} ends on the v2 stamp of the new content"
+        );
+    }
+    // `other` does not use app-env: untouched, its v1 stamp still right.
+    assert_eq!(env.rollouts(NS, "Deployment", "other").await, 0);
+    assert_eq!(
+        env.stamp(NS, "Deployment", "other").await.as_deref(),
+        Some(v1["other"].as_str())
+    );
+    survivor_election.abort();
+    if let Some(w) = survivor_watcher {
+        w.abort();
+    }
+}
