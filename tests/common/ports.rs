@@ -61,6 +61,22 @@ pub async fn start(
     header_read_timeout: Duration,
     client_ca: Option<Arc<ClientCaStore>>,
 ) -> Server {
+    start_polling(
+        limits,
+        header_read_timeout,
+        client_ca,
+        Duration::from_secs(60),
+    )
+    .await
+}
+
+/// [`start`], re-reading the certificate files and the client CA every `cert_poll`.
+pub async fn start_polling(
+    limits: Limits,
+    header_read_timeout: Duration,
+    client_ca: Option<Arc<ClientCaStore>>,
+    cert_poll: Duration,
+) -> Server {
     let ca = TestCa::new("ports test CA");
     let pair = ca.issue(&["localhost", "127.0.0.1"]);
     let dir = tempfile::tempdir().unwrap();
@@ -85,7 +101,7 @@ pub async fn start(
             client_ca,
             webhook,
             health: Arc::new(Health::default()),
-            cert_poll: Duration::from_secs(60),
+            cert_poll,
             header_read_timeout,
             drain_timeout: Duration::from_secs(1),
         },
