@@ -303,6 +303,12 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
         Port {
             name: "webhook",
             listener,
+            at_cap: match admission {
+                Admission::Queue { .. } => "new connections wait until one closes",
+                Admission::Evict(_) => {
+                    "the connection longest in its TLS handshake was closed to make room"
+                }
+            },
             admission,
             open: open.clone(),
             metrics: Some(metrics.clone()),
@@ -334,6 +340,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             name: "admin",
             listener: admin_listener,
             admission: Admission::Evict(EvictingPool::new(admin_limits.max_connections)),
+            at_cap: "the oldest connection was closed to make room",
             open: admin_open.clone(),
             metrics: None,
         },
@@ -439,6 +446,8 @@ struct Port {
     name: &'static str,
     listener: TcpListener,
     admission: Admission,
+    /// For the log: what happens to new connections at the cap.
+    at_cap: &'static str,
     /// Connections open now, on this server ([`Running::connections`]).
     open: Arc<AtomicUsize>,
     /// The webhook's count for `/metrics`; the metrics may be shared by servers (as across a
@@ -546,6 +555,7 @@ async fn serve_port(
         name,
         listener,
         admission,
+        at_cap,
         open,
         metrics,
     } = port;
@@ -556,7 +566,7 @@ async fn serve_port(
     // On a queue, a slot first, then a connection: at the cap, new connections stay in the
     // listen backlog.
     let mut slot: Option<OwnedSemaphorePermit> = None;
-    let mut cap = CapLog::new(name, &admission);
+    let mut cap = CapLog::new(name, at_cap);
     loop {
         if let Admission::Queue { slots, .. } = &admission
             && slot.is_none()
@@ -655,14 +665,7 @@ struct CapLog {
 }
 
 impl CapLog {
-    fn new(port: &'static str, admission: &Admission) -> Self {
-        let then = match admission {
-            Admission::Queue { .. } => "new connections wait until one closes",
-            Admission::Evict(_) if port == "webhook" => {
-                "the longest TLS handshake in progress was closed to make room"
-            }
-            Admission::Evict(_) => "the oldest connection was closed to make room",
-        };
+    fn new(port: &'static str, then: &'static str) -> Self {
         CapLog {
             port,
             then,
