@@ -549,6 +549,7 @@ async fn start(options: &Options) -> Env {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
         certs: CertStore::load(volume.cert(), volume.key()).expect("the serving pair"),
+        client_ca: None,
         webhook,
         health: Arc::new(Health::default()),
         cert_poll: options.cert_poll,

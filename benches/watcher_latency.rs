@@ -132,6 +132,7 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
         certs: store,
+        client_ca: None,
         webhook,
         health: Arc::new(Health::default()),
         cert_poll: Duration::from_secs(60),

@@ -467,6 +467,7 @@ async fn run(options: Options) {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
         certs: CertStore::load(&cert_path, &key_path).expect("the serving pair"),
+        client_ca: None,
         webhook,
         health: Arc::new(Health::default()),
         cert_poll: Duration::from_secs(60),

@@ -116,8 +116,16 @@ pub struct ServeArgs {
     )]
     pub key_secret: String,
     /// Webhook connections served at once; at the limit new connections wait until one closes.
+    /// Lowered at start, with a warning, when it does not fit under the open-file limit (raised
+    /// to the hard limit first) with the admin port's 64 connections and 256 files kept aside.
+    /// With --client-ca-file, half of it is reserved for clients with a valid certificate.
     #[arg(long, env = "CONFIGHASH_MAX_CONNECTIONS", value_name = "N", default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
     pub max_connections: usize,
+    /// Require of the webhook's clients a certificate signed by this CA (PEM; several
+    /// certificates are all trusted), re-read when it changes. Clients with one get connection
+    /// slots of their own that others cannot take.
+    #[arg(long, env = "CONFIGHASH_CLIENT_CA_FILE", value_name = "FILE")]
+    pub client_ca_file: Option<PathBuf>,
     /// One deadline for all lookups of a review, well below the webhook's timeoutSeconds.
     #[arg(long, env = "CONFIGHASH_LOOKUP_DEADLINE", value_name = "DUR", default_value = "2s", value_parser = parse_duration)]
     pub lookup_deadline: Duration,

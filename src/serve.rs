@@ -4,7 +4,8 @@
 //!
 //! - at most [`Limits::max_connections`] are served at once; further ones are not accepted (they
 //!   wait in the listen backlog) until one closes; `confighash_webhook_connections` and
-//!   `confighash_webhook_connection_limit_reached_total` show it;
+//!   `confighash_webhook_connection_limit_reached_total` show it. With a client CA
+//!   ([`ServeConfig::client_ca`]) the slots are split instead: see [`Limits::max_connections`];
 //! - from accept, the TLS handshake, the protocol detection (HTTP/2 preface or HTTP/1.1) and the
 //!   first complete request head must all arrive within [`ServeConfig::header_read_timeout`];
 //!   later HTTP/1.1 request heads, and the idle time between HTTP/1.1 requests, get the same bound;
@@ -12,6 +13,13 @@
 //!   ([`admission::ReviewLimits`]);
 //! - a connection with no request in flight for [`Limits::idle_timeout`] is closed gracefully
 //!   (HTTP/2: GOAWAY), and HTTP/2 peers must answer keep-alive pings.
+//!
+//! The admin port is served by the same machinery over plain HTTP, with its own smaller bounds
+//! ([`AdminLimits`]), so that neither port can use up the file descriptors the other needs
+//! ([`open_files`]).
+
+mod open_files;
+mod pool;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -34,16 +42,25 @@ use tower::ServiceExt;
 use crate::admin::{self, Health};
 use crate::admission::{self, ReviewLimits, Webhook};
 use crate::metrics::Metrics;
-use crate::tls::CertStore;
+use crate::tls::{CertStore, ClientCaStore};
+
+pub use open_files::{
+    Fit, NoRoom, OpenFileLimit, RESERVED_FILES, fit_max_connections, open_file_limit,
+    raise_open_file_limit,
+};
+use pool::{EvictingPool, Ticket, evicted};
 
 /// Everything a running server needs.
 pub struct ServeConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub certs: Arc<CertStore>,
+    /// With a CA, the webhook requires a client certificate it signed (`--client-ca-file`), and
+    /// connections that present one get slots of their own ([`Limits::max_connections`]).
+    pub client_ca: Option<Arc<ClientCaStore>>,
     pub webhook: Arc<Webhook>,
     pub health: Arc<Health>,
-    /// How often the certificate files are re-read.
+    /// How often the certificate files (and the client CA) are re-read.
     pub cert_poll: Duration,
     /// From accept, the TLS handshake and the first complete request head (HTTP/1.1 or HTTP/2)
     /// must arrive within this, or the connection is closed. Also bounds each later HTTP/1.1
@@ -53,12 +70,26 @@ pub struct ServeConfig {
     pub drain_timeout: Duration,
 }
 
-/// Bounds on the webhook port's connections and requests; [`Limits::default`] is what
-/// `confighash serve` uses (with `--max-connections`).
+/// Bounds on the two ports' connections and requests; [`Limits::default`] is what
+/// `confighash serve` uses (with `--max-connections`, lowered to fit the open-file limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Connections served at once (TLS handshakes included). At the cap no connection is
-    /// accepted until one closes: new ones wait in the listen backlog. At least 1.
+    /// Webhook connections served at once (TLS handshakes included). At least 1.
+    ///
+    /// Without a client CA, at the cap no connection is accepted until one closes: new ones wait
+    /// in the listen backlog, so whoever holds every slot (handshakes that never finish,
+    /// connections kept busy) makes everyone else wait.
+    ///
+    /// With a client CA ([`ServeConfig::client_ca`]) a connection that has not finished its
+    /// handshake has not shown a certificate, and once it has, it has shown a valid one (the
+    /// handshake fails otherwise). So the slots are split ([`reserved_connections`]):
+    /// - handshakes in progress take a slot of the *handshake pool*. Accepting never stops: when
+    ///   that pool is full, the connection that has been in its handshake longest is closed to
+    ///   make room. A handshake of the API server takes a round trip or two, so to push it out
+    ///   others must open a whole pool's worth of connections within those milliseconds;
+    /// - a connection whose handshake verified its client certificate moves to the *reserved
+    ///   pool*, which nothing else can take. When it is full, the connection waits (still in the
+    ///   handshake pool) until a slot frees or its first-request deadline passes.
     pub max_connections: usize,
     /// A review must be received (body included) and answered within this from its request
     /// head: a slower body gets 408, a slower answer 503.
@@ -77,6 +108,8 @@ pub struct Limits {
     /// parsing them takes, and an allowance each ([`ReviewLimits`]). A review that finds no room
     /// gets 503. At least [`admission::MIN_REVIEW_MEMORY`].
     pub review_memory: usize,
+    /// The admin port's bounds.
+    pub admin: AdminLimits,
 }
 
 impl Default for Limits {
@@ -89,24 +122,76 @@ impl Default for Limits {
             http2_keep_alive_timeout: Duration::from_secs(10),
             http2_max_concurrent_streams: 100,
             review_memory: admission::DEFAULT_REVIEW_MEMORY,
+            admin: AdminLimits::default(),
+        }
+    }
+}
+
+/// With a client CA, how [`Limits::max_connections`] is split: (handshake pool, reserved pool for
+/// connections that showed a valid client certificate). Half each, the reserved pool taking the
+/// odd one; at least one each.
+pub fn reserved_connections(max_connections: usize) -> (usize, usize) {
+    let reserved = max_connections.div_ceil(2).max(1);
+    (max_connections.saturating_sub(reserved).max(1), reserved)
+}
+
+/// Bounds on the plain-HTTP admin port (`/livez`, `/readyz`, `/metrics`).
+///
+/// What must keep working there are kubelet's probes, under any load of other clients. A probe
+/// opens a new TCP connection every time (kubelet's HTTP prober disables keep-alive), sends one
+/// `GET` at once, and fails if the answer has not come within the probe's `timeoutSeconds`
+/// (1 s by default, and in `deploy/`); failed liveness probes restart the pod, failed readiness
+/// probes take it out of the webhook's Service. So a probe needs a slot *at once*, not after the
+/// connections ahead of it in the listen backlog. The admin port therefore never stops
+/// accepting: at [`AdminLimits::max_connections`] the connection admitted longest ago is closed
+/// to make room for the new one. A probe is answered within a millisecond or so of its
+/// connection; to push it out before that, a flood must open `max_connections` connections in
+/// that time. Every connection is also cut off when its first request head is not complete
+/// within [`AdminLimits::header_read_timeout`], and when idle (below), so the slots of an
+/// abandoned flood come back by themselves too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// Connections open at once; at the cap the oldest is closed to make room. At least 1.
+    pub max_connections: usize,
+    /// From accept, the first complete request head must arrive within this; also each later
+    /// HTTP/1.1 request head, and so the idle time between HTTP/1.1 requests.
+    pub header_read_timeout: Duration,
+    /// An HTTP/2 connection with no request in flight for this long is closed gracefully.
+    pub idle_timeout: Duration,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        AdminLimits {
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            header_read_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
         }
     }
 }
 
 /// The default of `--max-connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Connections the admin port holds at once: probes and a few scrapers need a handful.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
 
 /// HTTP/2 flow-control windows: what one connection (and one stream) may have sent that the
 /// webhook has not read yet. The API server multiplexes its calls on one connection, so a small
 /// connection window throttles it: at 64/128 KiB an open loop of 1,000 reviews of 21 KiB/s had a
 /// p99 of 239 ms against 2.4 ms at 1 MiB (benches/webhook_tls.rs). Review bodies are read as they
 /// arrive and counted in the review memory, so what a window lets a client park is short-lived.
+/// The admin port takes no bodies and keeps the protocol's default windows.
 const H2_STREAM_WINDOW: u32 = 1024 * 1024;
 const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Streams open at once on one HTTP/2 connection to the admin port.
+const ADMIN_H2_STREAMS: u32 = 8;
 /// HTTP/1.1 read buffer: the largest request head, and the most of a body read ahead.
 const H1_MAX_BUF: usize = 64 * 1024;
 /// How much longer than the request timeout a connection closed for idleness may take to close.
 const CLOSE_SLACK: Duration = Duration::from_secs(1);
+/// The admin port's answers are ready at once: a connection closed for idleness gets this long
+/// to send what it has.
+const ADMIN_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The connection-limit warning is logged at most this often.
 const CAP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -119,8 +204,9 @@ pub struct Running {
     stop_admin: watch::Sender<bool>,
     webhook_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
-    reload_task: JoinHandle<()>,
+    reload_tasks: Vec<JoinHandle<()>>,
     open: Arc<AtomicUsize>,
+    admin_open: Arc<AtomicUsize>,
     reviews: ReviewLimits,
 }
 
@@ -157,7 +243,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
     let metrics = config.webhook.metrics().clone();
     metrics.set_cert_expiry(config.certs.not_after());
     config.health.set_certificate_loaded();
-    let reload_task = {
+    let mut reload_tasks = vec![{
         let certs = config.certs.clone();
         let metrics = metrics.clone();
         tokio::spawn(certs.clone().poll(config.cert_poll, move |result| match result {
@@ -172,45 +258,111 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
                 tracing::error!(error = %e, "the new serving certificate cannot be used; the old one stays in service");
             }
         }))
-    };
+    }];
+    if let Some(ca) = &config.client_ca {
+        let path = ca.path().to_owned();
+        reload_tasks.push(tokio::spawn(ca.clone().poll(
+            config.cert_poll,
+            move |result| match result {
+                Ok(false) => {}
+                Ok(true) => tracing::info!(path = %path.display(), "loaded a new client CA"),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "the new client CA cannot be used; the old one stays in service"
+                ),
+            },
+        )));
+    }
 
     let max_connections = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
     let open = Arc::new(AtomicUsize::new(0));
-    let acceptor = TlsAcceptor::from(Arc::new(config.certs.server_config()));
+    let acceptor = TlsAcceptor::from(Arc::new(
+        config.certs.server_config_with(config.client_ca.as_ref()),
+    ));
+    // Without a client CA one pool, where new connections wait in the backlog; with one, a
+    // handshake pool that makes room for new connections and a pool reserved for connections
+    // with a valid client certificate.
+    let (admission, reserved) = if config.client_ca.is_some() {
+        let (handshakes, reserved) = reserved_connections(max_connections);
+        (
+            Admission::Evict(EvictingPool::new(handshakes)),
+            Some(Arc::new(Semaphore::new(reserved))),
+        )
+    } else {
+        (
+            Admission::Queue {
+                slots: Arc::new(Semaphore::new(max_connections)),
+                max_connections,
+            },
+            None,
+        )
+    };
     let reviews = ReviewLimits::new(limits.request_timeout, limits.review_memory);
     let router = admission::router_with(config.webhook.clone(), reviews.clone());
-    let webhook_task = tokio::spawn(serve_tls(
-        Listener {
+    let webhook_task = tokio::spawn(serve_port(
+        Port {
+            name: "webhook",
             listener,
-            slots: Arc::new(Semaphore::new(max_connections)),
-            max_connections,
+            at_cap: match admission {
+                Admission::Queue { .. } => "new connections wait until one closes",
+                Admission::Evict(_) => {
+                    "the connection longest in its TLS handshake was closed to make room"
+                }
+            },
+            admission,
             open: open.clone(),
-            metrics: metrics.clone(),
+            metrics: Some(metrics.clone()),
         },
         Connections {
-            acceptor,
+            security: Security::Tls { acceptor, reserved },
             router,
-            builder: http_builder(config.header_read_timeout, &limits),
+            builder: http_builder(
+                config.header_read_timeout,
+                &H2Settings {
+                    keep_alive_interval: limits.http2_keep_alive_interval,
+                    keep_alive_timeout: limits.http2_keep_alive_timeout,
+                    max_concurrent_streams: limits.http2_max_concurrent_streams,
+                    windows: Some((H2_STREAM_WINDOW, H2_CONNECTION_WINDOW)),
+                },
+            ),
             header_read_timeout: config.header_read_timeout,
-            limits,
+            idle_timeout: limits.idle_timeout,
+            close_timeout: limits.request_timeout + CLOSE_SLACK,
         },
         config.drain_timeout,
         stopped,
     ));
 
-    let admin_router = admin::router(config.health.clone(), metrics);
-    let mut admin_stopped = admin_stopped;
-    let admin_task = tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = admin_stopped.changed().await;
-        };
-        if let Err(e) = axum::serve(admin_listener, admin_router)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "the admin server stopped");
-        }
-    });
+    let admin_limits = limits.admin;
+    let admin_open = Arc::new(AtomicUsize::new(0));
+    let admin_task = tokio::spawn(serve_port(
+        Port {
+            name: "admin",
+            listener: admin_listener,
+            admission: Admission::Evict(EvictingPool::new(admin_limits.max_connections)),
+            at_cap: "the oldest connection was closed to make room",
+            open: admin_open.clone(),
+            metrics: None,
+        },
+        Connections {
+            security: Security::Plain,
+            router: admin::router(config.health.clone(), metrics),
+            builder: http_builder(
+                admin_limits.header_read_timeout,
+                &H2Settings {
+                    keep_alive_interval: limits.http2_keep_alive_interval,
+                    keep_alive_timeout: limits.http2_keep_alive_timeout,
+                    max_concurrent_streams: ADMIN_H2_STREAMS,
+                    windows: None,
+                },
+            ),
+            header_read_timeout: admin_limits.header_read_timeout,
+            idle_timeout: admin_limits.idle_timeout,
+            close_timeout: ADMIN_CLOSE_TIMEOUT,
+        },
+        config.drain_timeout,
+        admin_stopped,
+    ));
     Ok(Running {
         webhook_addr,
         admin_addr,
@@ -219,8 +371,9 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
         stop_admin,
         webhook_task,
         admin_task,
-        reload_task,
+        reload_tasks,
         open,
+        admin_open,
         reviews,
     })
 }
@@ -229,6 +382,11 @@ impl Running {
     /// Connections of the webhook port open now (TLS handshakes included).
     pub fn connections(&self) -> usize {
         self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections of the admin port open now.
+    pub fn admin_connections(&self) -> usize {
+        self.admin_open.load(Ordering::Relaxed)
     }
 
     /// Bytes of the review memory budget ([`Limits::review_memory`]) held now.
@@ -244,11 +402,22 @@ impl Running {
         let _ = self.webhook_task.await;
         let _ = self.stop_admin.send(true);
         let _ = self.admin_task.await;
-        self.reload_task.abort();
+        for task in self.reload_tasks {
+            task.abort();
+        }
     }
 }
 
-fn http_builder(header_read_timeout: Duration, limits: &Limits) -> auto::Builder<TokioExecutor> {
+/// A port's HTTP/2 settings.
+struct H2Settings {
+    keep_alive_interval: Duration,
+    keep_alive_timeout: Duration,
+    max_concurrent_streams: u32,
+    /// Flow-control windows (stream, connection); `None`: the protocol's defaults.
+    windows: Option<(u32, u32)>,
+}
+
+fn http_builder(header_read_timeout: Duration, h2: &H2Settings) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -257,39 +426,82 @@ fn http_builder(header_read_timeout: Duration, limits: &Limits) -> auto::Builder
         // closes HTTP/1.1 connections left idle between requests.
         .header_read_timeout(header_read_timeout)
         .max_buf_size(H1_MAX_BUF);
-    builder
-        .http2()
+    let mut http2 = builder.http2();
+    http2
         .timer(TokioTimer::new())
-        .keep_alive_interval(limits.http2_keep_alive_interval)
-        .keep_alive_timeout(limits.http2_keep_alive_timeout)
-        .max_concurrent_streams(limits.http2_max_concurrent_streams)
-        .initial_stream_window_size(H2_STREAM_WINDOW)
-        .initial_connection_window_size(H2_CONNECTION_WINDOW);
+        .keep_alive_interval(h2.keep_alive_interval)
+        .keep_alive_timeout(h2.keep_alive_timeout)
+        .max_concurrent_streams(h2.max_concurrent_streams);
+    if let Some((stream, connection)) = h2.windows {
+        http2
+            .initial_stream_window_size(stream)
+            .initial_connection_window_size(connection);
+    }
     builder
 }
 
-/// The webhook port and its connection slots.
-struct Listener {
+/// A listening port and its connection slots.
+struct Port {
+    /// For logs: `webhook` or `admin`.
+    name: &'static str,
     listener: TcpListener,
-    slots: Arc<Semaphore>,
-    max_connections: usize,
+    admission: Admission,
+    /// For the log: what happens to new connections at the cap.
+    at_cap: &'static str,
     /// Connections open now, on this server ([`Running::connections`]).
     open: Arc<AtomicUsize>,
-    /// The same count for `/metrics`; the metrics may be shared by servers (as across a restart).
-    metrics: Arc<Metrics>,
+    /// The webhook's count for `/metrics`; the metrics may be shared by servers (as across a
+    /// restart).
+    metrics: Option<Arc<Metrics>>,
 }
 
-/// An accepted connection's place under the connection limit, given back when dropped.
+/// How a port keeps to its cap.
+enum Admission {
+    /// At the cap no connection is accepted until one closes: new ones wait in the backlog.
+    Queue {
+        slots: Arc<Semaphore>,
+        max_connections: usize,
+    },
+    /// Every connection is accepted; at the cap the oldest member is closed to make room.
+    Evict(Arc<EvictingPool>),
+}
+
+impl Admission {
+    fn max_connections(&self) -> usize {
+        match self {
+            Admission::Queue {
+                max_connections, ..
+            } => *max_connections,
+            Admission::Evict(pool) => pool.capacity(),
+        }
+    }
+}
+
+/// Waits for a slot of a queue; never for an evicting pool, which needs none.
+async fn queue_slot(admission: &Admission) -> Option<OwnedSemaphorePermit> {
+    match admission {
+        Admission::Queue { slots, .. } => slots.clone().acquire_owned().await.ok(),
+        Admission::Evict(_) => std::future::pending().await,
+    }
+}
+
+/// An accepted connection, counted until dropped; on a queue, its slot.
 struct Slot {
-    _permit: OwnedSemaphorePermit,
+    _permit: Option<OwnedSemaphorePermit>,
     open: Arc<AtomicUsize>,
-    metrics: Arc<Metrics>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Slot {
-    fn new(permit: OwnedSemaphorePermit, open: Arc<AtomicUsize>, metrics: Arc<Metrics>) -> Self {
+    fn new(
+        permit: Option<OwnedSemaphorePermit>,
+        open: Arc<AtomicUsize>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
         open.fetch_add(1, Ordering::Relaxed);
-        metrics.connection(true);
+        if let Some(metrics) = &metrics {
+            metrics.connection(true);
+        }
         Slot {
             _permit: permit,
             open,
@@ -301,81 +513,120 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::Relaxed);
-        self.metrics.connection(false);
+        if let Some(metrics) = &self.metrics {
+            metrics.connection(false);
+        }
     }
 }
 
-/// What each connection is served with.
+/// How a port's connections begin before HTTP.
+#[derive(Clone)]
+enum Security {
+    /// Plain HTTP (the admin port).
+    Plain,
+    /// A TLS handshake first (the webhook). With `reserved`, the handshake requires a client
+    /// certificate, and a connection that completes it moves to those slots.
+    Tls {
+        acceptor: TlsAcceptor,
+        reserved: Option<Arc<Semaphore>>,
+    },
+}
+
+/// What each connection of a port is served with.
 #[derive(Clone)]
 struct Connections {
-    acceptor: TlsAcceptor,
+    security: Security,
     router: axum::Router,
     builder: auto::Builder<TokioExecutor>,
     header_read_timeout: Duration,
-    limits: Limits,
+    idle_timeout: Duration,
+    /// How long a connection asked to close because idle may take: what is in flight must be
+    /// answered and, on HTTP/2, a ping answered.
+    close_timeout: Duration,
 }
 
-async fn serve_tls(
-    port: Listener,
+async fn serve_port(
+    port: Port,
     connections: Connections,
     drain_timeout: Duration,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let Listener {
+    let Port {
+        name,
         listener,
-        slots,
-        max_connections,
+        admission,
+        at_cap,
         open,
         metrics,
     } = port;
+    let max_connections = admission.max_connections();
     let mut tasks = JoinSet::new();
     // Each connection gets its own receiver, to finish when the server stops.
     let stop_connections = stopped.clone();
-    // A slot first, then a connection: at the cap, new connections stay in the listen backlog.
+    // On a queue, a slot first, then a connection: at the cap, new connections stay in the
+    // listen backlog.
     let mut slot: Option<OwnedSemaphorePermit> = None;
-    let mut cap = CapLog::default();
+    let mut cap = CapLog::new(name, at_cap);
     loop {
-        if slot.is_none() {
+        if let Admission::Queue { slots, .. } = &admission
+            && slot.is_none()
+        {
             match slots.clone().try_acquire_owned() {
                 Ok(permit) => slot = Some(permit),
                 Err(_) => {
-                    metrics.connection_limit_reached();
+                    if let Some(metrics) = &metrics {
+                        metrics.connection_limit_reached();
+                    }
                     cap.reached(max_connections);
                 }
             }
         }
+        let waiting = matches!(admission, Admission::Queue { .. }) && slot.is_none();
         tokio::select! {
             () = stop_requested(&mut stopped) => break,
             Some(joined) = tasks.join_next() => {
                 if let Err(e) = joined
                     && e.is_panic()
                 {
-                    tracing::error!(error = %e, "a connection task panicked");
+                    tracing::error!(port = name, error = %e, "a connection task panicked");
                 }
             }
-            permit = slots.clone().acquire_owned(), if slot.is_none() => slot = permit.ok(),
-            accepted = listener.accept(), if slot.is_some() => match accepted {
+            permit = queue_slot(&admission), if waiting => slot = permit,
+            accepted = listener.accept(), if !waiting => match accepted {
                 Ok((tcp, peer)) => {
                     let accepted_at = Instant::now();
-                    // Reviews are small request/response exchanges: Nagle's algorithm would hold
-                    // replies back waiting for the client's delayed ACK.
+                    // Small request/response exchanges: Nagle's algorithm would hold replies
+                    // back waiting for the client's delayed ACK.
                     if let Err(e) = tcp.set_nodelay(true) {
                         tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
                     }
-                    let permit = slot.take().expect("accepted only with a free slot");
-                    let permit = Slot::new(permit, open.clone(), metrics.clone());
+                    let ticket = match &admission {
+                        Admission::Queue { .. } => None,
+                        Admission::Evict(pool) => {
+                            let (ticket, full) = pool.admit();
+                            if full {
+                                if let Some(metrics) = &metrics {
+                                    metrics.connection_limit_reached();
+                                }
+                                cap.reached(max_connections);
+                            }
+                            Some(ticket)
+                        }
+                    };
+                    let slot = Slot::new(slot.take(), open.clone(), metrics.clone());
                     tasks.spawn(serve_connection(
                         connections.clone(),
                         tcp,
                         peer,
                         accepted_at,
                         stop_connections.clone(),
-                        permit,
+                        slot,
+                        ticket,
                     ));
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    tracing::warn!(port = name, error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             },
@@ -383,13 +634,14 @@ async fn serve_tls(
     }
     drop(listener);
     drop(slot);
-    // Every connection was told to finish (see `serve_connection`); wait for them, bounded.
+    // Every connection was told to finish (see `drive`); wait for them, bounded.
     let drained = tokio::time::timeout(drain_timeout, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
         tracing::warn!(
+            port = name,
             ?drain_timeout,
             connections = tasks.len(),
             "in-flight requests did not finish in time; closing their connections"
@@ -403,23 +655,36 @@ async fn stop_requested(stopped: &mut watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
 }
 
-/// Logs that the connection limit was reached, at most once per [`CAP_LOG_INTERVAL`].
-#[derive(Default)]
+/// Logs that a port's connection limit was reached, at most once per [`CAP_LOG_INTERVAL`].
 struct CapLog {
+    port: &'static str,
+    /// What happens at the cap.
+    then: &'static str,
     last: Option<Instant>,
     since_last: u64,
 }
 
 impl CapLog {
+    fn new(port: &'static str, then: &'static str) -> Self {
+        CapLog {
+            port,
+            then,
+            last: None,
+            since_last: 0,
+        }
+    }
+
     fn reached(&mut self, max_connections: usize) {
         self.since_last += 1;
         if self.last.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
             return;
         }
         tracing::warn!(
+            port = self.port,
             max_connections,
             times = self.since_last,
-            "connection limit reached; new connections wait until one closes"
+            "connection limit reached; {}",
+            self.then
         );
         self.last = Some(Instant::now());
         self.since_last = 0;
@@ -437,7 +702,7 @@ struct Activity {
     idle_since: Instant,
 }
 
-/// The webhook's router as a hyper service that reports each request's start and end.
+/// A port's router as a hyper service that reports each request's start and end.
 #[derive(Clone)]
 struct Tracked {
     router: axum::Router,
@@ -497,47 +762,105 @@ enum Timer {
     Closing,
 }
 
-/// Serves one accepted connection: TLS handshake, then HTTP until the client closes, a deadline
-/// passes or the server stops. `_slot` is the connection's place under the connection limit.
+/// Serves one accepted connection: on the webhook port the TLS handshake (and with a client CA,
+/// the move to a reserved slot) first, then HTTP until the client closes, a deadline passes, the
+/// server stops or the connection is evicted. `_slot` counts the connection (and on a queue holds
+/// its slot); `ticket` is its place in an evicting pool.
 async fn serve_connection(
     connections: Connections,
     tcp: TcpStream,
     peer: SocketAddr,
     accepted_at: Instant,
-    mut stopped: watch::Receiver<bool>,
+    stopped: watch::Receiver<bool>,
     _slot: Slot,
+    mut ticket: Option<Ticket>,
 ) {
-    let Connections {
-        acceptor,
-        router,
-        builder,
-        header_read_timeout,
-        limits,
-    } = connections;
     // One deadline from accept to the first complete request head: the handshake, the protocol
     // detection (which waits for the HTTP/2 preface) and the head itself.
-    let first_deadline = accepted_at + header_read_timeout;
-    let tls = match tokio::time::timeout_at(first_deadline, acceptor.accept(tcp)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            tracing::debug!(%peer, error = %e, "TLS handshake failed");
-            return;
+    let first_deadline = accepted_at + connections.header_read_timeout;
+    let (acceptor, reserved) = match &connections.security {
+        Security::Plain => {
+            let io = TokioIo::new(tcp);
+            return drive(&connections, io, peer, first_deadline, stopped, ticket).await;
         }
-        Err(_) => {
-            tracing::debug!(%peer, "TLS handshake timed out");
+        Security::Tls { acceptor, reserved } => (acceptor, reserved),
+    };
+    let handshake = tokio::time::timeout_at(first_deadline, acceptor.accept(tcp));
+    let tls = tokio::select! {
+        result = handshake => match result {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        () = evicted(&mut ticket) => {
+            tracing::debug!(%peer, "TLS handshake closed to make room for a new connection");
             return;
         }
     };
+    // With a client CA the handshake has verified the client's certificate: the connection
+    // leaves the handshake pool for a reserved slot, waiting (still evictable) while all are
+    // taken.
+    let _reserved = match reserved {
+        None => None,
+        Some(slots) => {
+            let permit = tokio::select! {
+                permit = tokio::time::timeout_at(first_deadline, slots.clone().acquire_owned()) => permit,
+                () = evicted(&mut ticket) => {
+                    tracing::debug!(%peer, "closed to make room while waiting for a reserved slot");
+                    return;
+                }
+            };
+            let Ok(Ok(permit)) = permit else {
+                tracing::debug!(%peer, "no reserved slot before the header deadline; closed");
+                return;
+            };
+            ticket = None;
+            Some(permit)
+        }
+    };
+    drive(
+        &connections,
+        TokioIo::new(tls),
+        peer,
+        first_deadline,
+        stopped,
+        ticket,
+    )
+    .await;
+}
+
+/// Serves HTTP on `io` until the client closes, a deadline passes, the server stops or the
+/// connection is evicted (`ticket`).
+async fn drive<I>(
+    connections: &Connections,
+    io: I,
+    peer: SocketAddr,
+    first_deadline: Instant,
+    mut stopped: watch::Receiver<bool>,
+    mut ticket: Option<Ticket>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (activity, mut watched) = watch::channel(Activity {
         requests: 0,
         in_flight: 0,
         idle_since: Instant::now(),
     });
     let service = Tracked {
-        router,
+        router: connections.router.clone(),
         activity: Arc::new(activity),
     };
-    let mut conn = pin!(builder.serve_connection_with_upgrades(TokioIo::new(tls), service));
+    let mut conn = pin!(
+        connections
+            .builder
+            .serve_connection_with_upgrades(io, service)
+    );
     let mut closing_since: Option<Instant> = None;
     let mut stopping = false;
     loop {
@@ -554,9 +877,9 @@ async fn serve_connection(
         if let Some(since) = closing_since {
             // A graceful close needs the requests in flight answered (each bounded by the request
             // timeout, and none older than the close) and, on HTTP/2, a ping answered.
-            consider(since + limits.request_timeout + CLOSE_SLACK, Timer::Closing);
+            consider(since + connections.close_timeout, Timer::Closing);
         } else if !stopping && now.requests > 0 && now.in_flight == 0 {
-            consider(now.idle_since + limits.idle_timeout, Timer::Idle);
+            consider(now.idle_since + connections.idle_timeout, Timer::Idle);
         }
         let sleep = async {
             match timer {
@@ -577,13 +900,17 @@ async fn serve_connection(
                 stopping = true;
                 conn.as_mut().graceful_shutdown();
             }
+            () = evicted(&mut ticket) => {
+                tracing::debug!(%peer, "closed to make room for a new connection");
+                return;
+            }
             () = sleep => match timer.map(|(_, why)| why) {
                 Some(Timer::FirstRequest) => {
-                    tracing::debug!(%peer, ?header_read_timeout, "no complete request head in time; closed");
+                    tracing::debug!(%peer, header_read_timeout = ?connections.header_read_timeout, "no complete request head in time; closed");
                     return;
                 }
                 Some(Timer::Idle) => {
-                    tracing::debug!(%peer, idle_timeout = ?limits.idle_timeout, "idle; closing");
+                    tracing::debug!(%peer, idle_timeout = ?connections.idle_timeout, "idle; closing");
                     closing_since = Some(Instant::now());
                     conn.as_mut().graceful_shutdown();
                 }
@@ -613,6 +940,8 @@ pub enum RunError {
     Leader(String),
     #[error("cannot listen for signals: {0}")]
     Signal(#[source] std::io::Error),
+    #[error(transparent)]
+    OpenFiles(#[from] NoRoom),
 }
 
 /// How often the certificate files are re-read.
@@ -630,6 +959,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `confighash serve` until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
+    // Before anything opens files or connections.
+    let max_connections = size_connections(args.max_connections, AdminLimits::default())?;
     let client = kube::Client::try_default()
         .await
         .map_err(RunError::Client)?;
@@ -660,6 +991,14 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         background.push(tokio::spawn(crate::selfsigned::run(client.clone(), config)));
     }
     let certs = CertStore::load(&args.tls_cert, &args.tls_key)?;
+    let client_ca = match &args.client_ca_file {
+        Some(path) => {
+            let ca = ClientCaStore::load(path)?;
+            tracing::info!(path = %path.display(), certificates = ca.certificates(), "client certificates required, signed by this CA");
+            Some(ca)
+        }
+        None => None,
+    };
     let metrics = Arc::new(Metrics::new());
     let rules = crate::rules::Options {
         roll_on_delete: args.roll_on_delete,
@@ -714,7 +1053,7 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
         watcher_config,
     )));
     let limits = Limits {
-        max_connections: args.max_connections,
+        max_connections,
         // The lookups must fit, with time to spare for the body.
         request_timeout: REQUEST_TIMEOUT.max(args.lookup_deadline + Duration::from_secs(5)),
         ..Limits::default()
@@ -724,6 +1063,7 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
             listen: args.listen,
             admin_listen: args.admin_listen,
             certs,
+            client_ca,
             webhook,
             health: Arc::new(Health::default()),
             cert_poll: CERT_POLL,
@@ -753,4 +1093,48 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
     running.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raises the soft open-file limit to the hard limit and logs it, then fits `--max-connections`
+/// under it ([`fit_max_connections`]): lowered with a warning when it does not fit, an error when
+/// not even one webhook connection would. Where the limit cannot be read, the flag is taken as
+/// it is.
+fn size_connections(requested: usize, admin: AdminLimits) -> Result<usize, RunError> {
+    let limit = match raise_open_file_limit() {
+        Ok(limit) => {
+            if limit.soft > limit.before {
+                tracing::info!(
+                    soft = limit.soft,
+                    hard = limit.hard,
+                    before = limit.before,
+                    "raised the open-file limit to the hard limit"
+                );
+            } else {
+                tracing::info!(soft = limit.soft, hard = limit.hard, "open-file limit");
+            }
+            Some(limit.soft)
+        }
+        Err(e) => {
+            let soft = open_file_limit().ok().map(|(soft, _)| soft);
+            tracing::warn!(error = %e, ?soft, "cannot raise the open-file limit");
+            soft
+        }
+    };
+    let Some(limit) = limit else {
+        return Ok(requested);
+    };
+    match fit_max_connections(requested, admin.max_connections, limit)? {
+        Fit::Fits(n) => Ok(n),
+        Fit::Lowered { requested, to } => {
+            tracing::warn!(
+                requested,
+                max_connections = to,
+                open_file_limit = limit,
+                admin_connections = admin.max_connections,
+                reserved = RESERVED_FILES,
+                "--max-connections does not fit under the open-file limit; lowered"
+            );
+            Ok(to)
+        }
+    }
 }

@@ -9,6 +9,9 @@
 //! rename a `..data` symlink over the old one: `tls.crt -> ..data/tls.crt` then resolves to the new
 //! files. A new pair replaces the old one only when both files parse and the key matches the
 //! certificate; otherwise the old pair stays in service and the error is reported.
+//!
+//! [`ClientCaStore`] does the same for `--client-ca-file`: the CA whose certificates the webhook
+//! requires of its clients, re-read on the same interval and used from the next handshake on.
 
 use std::fmt;
 use std::io;
@@ -18,12 +21,16 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use rustls::ServerConfig;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{
+    DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig, SignatureScheme,
+};
 use rustls_pki_types::pem::{self, PemObject};
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use sha2::{Digest, Sha256};
 
 /// ALPN protocols the webhook offers, most preferred first.
@@ -65,6 +72,8 @@ pub enum TlsError {
     },
     #[error("cannot parse the certificate in {}: {reason}", path.display())]
     BadCertificate { path: PathBuf, reason: String },
+    #[error("the client CA in {} cannot be used: {reason}", path.display())]
+    BadClientCa { path: PathBuf, reason: String },
 }
 
 /// A certificate chain and its key, checked to belong together.
@@ -347,12 +356,26 @@ impl CertStore {
     /// say). A full handshake costs little next to an admission call, and the API server keeps
     /// its connections open anyway.
     pub fn server_config(self: &Arc<Self>) -> ServerConfig {
-        let mut config = ServerConfig::builder_with_provider(provider())
+        self.server_config_with(None)
+    }
+
+    /// [`CertStore::server_config`], and with `client_ca` a client certificate is required of
+    /// every client: one that chains to the CA [`ClientCaStore`] has in service at the time of
+    /// the handshake, valid now, for client authentication (or any use, without an extended key
+    /// usage). Without one the handshake fails.
+    pub fn server_config_with(
+        self: &Arc<Self>,
+        client_ca: Option<&Arc<ClientCaStore>>,
+    ) -> ServerConfig {
+        let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             // The ring provider has cipher suites for both versions, so this cannot fail.
-            .expect("the ring provider supports TLS 1.2 and 1.3")
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::new(StoreResolver(Arc::clone(self))));
+            .expect("the ring provider supports TLS 1.2 and 1.3");
+        let builder = match client_ca {
+            Some(ca) => builder.with_client_cert_verifier(Arc::new(CaVerifier(Arc::clone(ca)))),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(Arc::new(StoreResolver(Arc::clone(self))));
         config.alpn_protocols = ALPN_PROTOCOLS.iter().map(|p| p.to_vec()).collect();
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
@@ -368,18 +391,29 @@ impl CertStore {
         interval: Duration,
         on_result: impl Fn(&Result<bool, TlsError>) + Send + 'static,
     ) {
-        let interval = interval.max(Duration::from_millis(1));
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            let store = Arc::clone(&self);
-            match tokio::task::spawn_blocking(move || store.reload()).await {
-                Ok(result) => on_result(&result),
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                // Cancelled: the runtime is shutting down.
-                Err(_) => return,
-            }
+        poll(self, Self::reload, interval, on_result).await;
+    }
+}
+
+/// Calls `reload` on `store` every `interval` (the first after one interval), off the async
+/// threads since it reads files, and hands each result to `on_result`.
+async fn poll<S: Send + Sync + 'static>(
+    store: Arc<S>,
+    reload: fn(&S) -> Result<bool, TlsError>,
+    interval: Duration,
+    on_result: impl Fn(&Result<bool, TlsError>) + Send + 'static,
+) {
+    let interval = interval.max(Duration::from_millis(1));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let store = Arc::clone(&store);
+        match tokio::task::spawn_blocking(move || reload(&store)).await {
+            Ok(result) => on_result(&result),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // Cancelled: the runtime is shutting down.
+            Err(_) => return,
         }
     }
 }
@@ -391,6 +425,202 @@ struct StoreResolver(Arc<CertStore>);
 impl ResolvesServerCert for StoreResolver {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.0.current())
+    }
+}
+
+/// The CA that signs the certificates the webhook requires of its clients (`--client-ca-file`),
+/// re-read from its path on demand ([`ClientCaStore::reload`]) or on an interval
+/// ([`ClientCaStore::poll`]), as [`CertStore`] re-reads the serving pair: a new CA is checked
+/// whole before it replaces the old one, and is used from the next handshake on; connections
+/// already open are not checked again.
+///
+/// The file may hold several certificates (PEM), each trusted as a root: during a CA rotation,
+/// the old CA and the new one.
+pub struct ClientCaStore {
+    path: PathBuf,
+    current: ArcSwap<TrustedCa>,
+    seen: Mutex<Seen>,
+}
+
+/// A client CA in service.
+struct TrustedCa {
+    verifier: Arc<dyn ClientCertVerifier>,
+    /// How many CA certificates the file held.
+    certificates: usize,
+}
+
+impl fmt::Debug for ClientCaStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientCaStore")
+            .field("path", &self.path)
+            .field("certificates", &self.certificates())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientCaStore {
+    /// Load the CA; the webhook does not start without it.
+    pub fn load(path: impl Into<PathBuf>) -> Result<Arc<Self>, TlsError> {
+        let path = path.into();
+        let pem = read(&path)?;
+        let ca = parse_client_ca(&path, &pem)?;
+        Ok(Arc::new(ClientCaStore {
+            path,
+            current: ArcSwap::from_pointee(ca),
+            seen: Mutex::new(Seen {
+                loaded: fingerprint(&pem, b""),
+                refused: None,
+            }),
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many CA certificates are trusted now.
+    pub fn certificates(&self) -> usize {
+        self.current.load().certificates
+    }
+
+    /// Whether the file now holds a CA that was refused. Cleared when the file changes back or a
+    /// good CA loads.
+    pub fn refused(&self) -> bool {
+        self.seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .refused
+            .is_some()
+    }
+
+    /// Re-read the file: as [`CertStore::reload`], `Ok(true)` when a new CA is in service,
+    /// `Ok(false)` when nothing is new, `Err` when the file cannot be read or its new content is
+    /// not a usable CA (the old CA stays in service).
+    pub fn reload(&self) -> Result<bool, TlsError> {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let pem = read(&self.path)?;
+        let found = fingerprint(&pem, b"");
+        if found == seen.loaded {
+            seen.refused = None;
+            return Ok(false);
+        }
+        if seen.refused == Some(found) {
+            return Ok(false);
+        }
+        match parse_client_ca(&self.path, &pem) {
+            Ok(ca) => {
+                self.current.store(Arc::new(ca));
+                seen.loaded = found;
+                seen.refused = None;
+                Ok(true)
+            }
+            Err(e) => {
+                seen.refused = Some(found);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reload every `interval`, as [`CertStore::poll`].
+    pub async fn poll(
+        self: Arc<Self>,
+        interval: Duration,
+        on_result: impl Fn(&Result<bool, TlsError>) + Send + 'static,
+    ) {
+        poll(self, Self::reload, interval, on_result).await;
+    }
+}
+
+fn parse_client_ca(path: &Path, pem: &[u8]) -> Result<TrustedCa, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error(path, e))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    let mut roots = RootCertStore::empty();
+    for cert in &certs {
+        roots
+            .add(cert.clone())
+            .map_err(|e| TlsError::BadCertificate {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| TlsError::BadClientCa {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    Ok(TrustedCa {
+        verifier,
+        certificates: certs.len(),
+    })
+}
+
+/// Checks client certificates against the CA [`ClientCaStore`] has in service at the time of
+/// each handshake.
+///
+/// It names no acceptable CA in its certificate request: the names would have to follow the
+/// reloaded CA, and clients need none. A Go client (kube-apiserver) with one certificate sends it
+/// when the list is empty, and with a list, only if its chain names one of them as an issuer:
+/// a client certificate issued by an intermediate whose root is the CA here would then not be
+/// sent at all.
+#[derive(Debug)]
+struct CaVerifier(Arc<ClientCaStore>);
+
+impl CaVerifier {
+    fn current(&self) -> Arc<dyn ClientCertVerifier> {
+        Arc::clone(&self.0.current.load().verifier)
+    }
+}
+
+impl ClientCertVerifier for CaVerifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        true
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.current()
+            .verify_client_cert(end_entity, intermediates, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.current().verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.current().supported_verify_schemes()
     }
 }
 

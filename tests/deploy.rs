@@ -7,6 +7,8 @@
 //!   `kube-system`, and names exactly the workload kinds the code handles;
 //! - the Deployment's arguments parse with the code's command line, and the Deployment, Service,
 //!   budget and webhook configuration agree on names, labels and ports;
+//! - the NetworkPolicy component renders (with `kubectl`), off by default, and selects the
+//!   Deployment's pods and ports;
 //! - the RBAC allows every request the code makes and denies what it must not, as a table and by
 //!   running the key, leader election, lookup and watcher code as the ServiceAccount against the
 //!   in-memory API server with that RBAC enforced;
@@ -35,6 +37,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -129,6 +132,7 @@ fn typed_round_trip(doc: &Value) -> Result<Value, String> {
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => via::<RoleBinding>(doc),
         ("apps/v1", "Deployment") => via::<Deployment>(doc),
         ("policy/v1", "PodDisruptionBudget") => via::<PodDisruptionBudget>(doc),
+        ("networking.k8s.io/v1", "NetworkPolicy") => via::<NetworkPolicy>(doc),
         ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration") => {
             via::<MutatingWebhookConfiguration>(doc)
         }
@@ -293,10 +297,15 @@ fn kustomizations(files: &[PathBuf]) -> Kustomizations {
         let docs = documents(&what, &read(file));
         assert_eq!(docs.len(), 1, "{what}: one document");
         let doc = &docs[0];
-        assert_eq!(
-            type_of(doc),
-            ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
-            "{what}"
+        assert!(
+            [
+                ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
+                // Components under deploy/components/, off unless a kustomization names them.
+                ("kustomize.config.k8s.io/v1alpha1", "Component"),
+            ]
+            .contains(&type_of(doc)),
+            "{what}: {:?}",
+            type_of(doc)
         );
         for key in doc.as_object().unwrap().keys() {
             assert!(
@@ -418,6 +427,7 @@ fn every_document_under_deploy_survives_its_type() {
         "MutatingWebhookConfiguration",
         "Issuer",
         "Certificate",
+        "NetworkPolicy",
     ] {
         assert!(kinds.contains(kind), "no {kind} under deploy/");
     }
@@ -476,6 +486,138 @@ fn rendered_overlays_survive_their_types() {
         }
     }
     check_cert_manager_overlay(&overlay);
+}
+
+/// `kubectl kustomize` of a kustomization that installs `deploy/` with the components under
+/// `deploy/components/` named in `components`, or None when kubectl is not on PATH.
+fn kustomize_with_components(components: &[&str]) -> Option<String> {
+    let dir = tempfile::tempdir().unwrap();
+    // kustomize takes only relative paths: from the temporary directory up to / and down again.
+    let up = "../".repeat(dir.path().canonicalize().unwrap().components().count() - 1);
+    let deploy = deploy_dir().canonicalize().unwrap();
+    let deploy = format!("{up}{}", deploy.strip_prefix("/").unwrap().display());
+    let mut text = format!("resources:\n  - {deploy}\ncomponents:\n");
+    for component in components {
+        text.push_str(&format!("  - {deploy}/components/{component}\n"));
+    }
+    std::fs::write(dir.path().join("kustomization.yaml"), text).unwrap();
+    kustomize(dir.path())
+}
+
+/// `deploy/components/network-policy`, a kustomize component off by default: `deploy/` renders
+/// without it; with it, exactly one NetworkPolicy is added and nothing else changes. The policy
+/// selects the Deployment's pods in its namespace, isolates them for ingress only, and admits
+/// exactly the container's two ports: the webhook's from every source (the API server's address
+/// differs per distribution), the admin port's from the namespace `monitoring` only.
+#[test]
+fn the_network_policy_component_matches_the_deployment() {
+    let Some(with) = kustomize_with_components(&["network-policy"]) else {
+        println!("skipped: rendering the component needs kubectl on PATH");
+        return;
+    };
+    let with = by_identity(&documents(
+        "deploy/ with the network-policy component",
+        &with,
+    ));
+    let without = by_identity(&documents(
+        "kubectl kustomize deploy/",
+        &kustomize(&deploy_dir()).unwrap(),
+    ));
+    assert!(
+        without.values().all(|d| type_of(d).1 != "NetworkPolicy"),
+        "deploy/ renders a NetworkPolicy without the component"
+    );
+    let added: Vec<_> = with.keys().filter(|k| !without.contains_key(*k)).collect();
+    assert_eq!(added, ["NetworkPolicy confighash/confighash"]);
+    for (id, doc) in &without {
+        assert_eq!(Some(doc), with.get(id), "{id} changed by the component");
+    }
+    let doc = &with["NetworkPolicy confighash/confighash"];
+    assert_round_trips("the network-policy component", doc, true);
+    let policy: NetworkPolicy = typed(doc);
+    let spec = policy.spec.unwrap();
+
+    // It selects exactly the Deployment's pods, in their namespace.
+    let objects: Vec<Value> = without.values().cloned().collect();
+    let deployment: Deployment = typed(find(&objects, "Deployment", NAME));
+    assert_eq!(
+        policy.metadata.namespace, deployment.metadata.namespace,
+        "the policy's namespace"
+    );
+    let pod_labels = deployment
+        .spec
+        .unwrap()
+        .template
+        .metadata
+        .unwrap()
+        .labels
+        .unwrap();
+    let selector = spec.pod_selector.clone().unwrap_or_default();
+    assert!(selector.match_expressions.is_none());
+    let wanted = selector.match_labels.unwrap_or_default();
+    assert!(!wanted.is_empty(), "an empty podSelector selects every pod");
+    for (key, value) in &wanted {
+        assert_eq!(
+            pod_labels.get(key),
+            Some(value),
+            "podSelector {key}={value}"
+        );
+    }
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+    assert!(spec.egress.is_none());
+
+    // Its ports are the container's ports, each in one rule.
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    let container_ports: BTreeMap<i32, String> = container(&objects)
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.container_port, p.name.unwrap()))
+        .collect();
+    let mut rules = BTreeMap::new();
+    for rule in spec.ingress.unwrap() {
+        let ports = rule.ports.clone().unwrap();
+        assert_eq!(ports.len(), 1, "{rule:?}");
+        assert_eq!(ports[0].protocol.as_deref(), Some("TCP"));
+        let number = match ports[0].port.clone().unwrap() {
+            IntOrString::Int(n) => n,
+            IntOrString::String(name) => {
+                *container_ports
+                    .iter()
+                    .find(|(_, n)| **n == name)
+                    .unwrap_or_else(|| panic!("no container port named {name}"))
+                    .0
+            }
+        };
+        assert!(
+            rules.insert(number, rule.from).is_none(),
+            "port {number} twice"
+        );
+    }
+    assert_eq!(
+        rules.keys().collect::<Vec<_>>(),
+        container_ports.keys().collect::<Vec<_>>()
+    );
+    assert_eq!(container_ports[&8443], "webhook");
+    assert_eq!(container_ports[&8080], "admin");
+    assert_eq!(rules[&8443], None, "the webhook admits every source");
+    let admin = rules[&8080]
+        .clone()
+        .expect("the admin port admits some sources only");
+    assert_eq!(admin.len(), 1);
+    assert!(admin[0].ip_block.is_none() && admin[0].pod_selector.is_none());
+    assert_eq!(
+        admin[0]
+            .namespace_selector
+            .clone()
+            .unwrap()
+            .match_labels
+            .unwrap(),
+        BTreeMap::from([(
+            "kubernetes.io/metadata.name".to_owned(),
+            "monitoring".to_owned()
+        )])
+    );
 }
 
 /// The overlay serves cert-manager's certificate and lets cert-manager inject its CA.

@@ -70,6 +70,7 @@ fn limits() -> Limits {
         http2_keep_alive_timeout: Duration::from_secs(10),
         http2_max_concurrent_streams: 16,
         review_memory: 64 * 1024 * 1024,
+        ..Limits::default()
     }
 }
 
@@ -103,6 +104,7 @@ async fn start_with_source(
             listen: "127.0.0.1:0".parse().unwrap(),
             admin_listen: "127.0.0.1:0".parse().unwrap(),
             certs: store,
+            client_ca: None,
             webhook,
             health: Arc::new(Health::default()),
             cert_poll: Duration::from_secs(60),

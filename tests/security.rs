@@ -90,6 +90,7 @@ async fn harness() -> Harness {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         certs: store,
+        client_ca: None,
         webhook,
         health: Arc::new(Health::default()),
         cert_poll: Duration::from_secs(60),

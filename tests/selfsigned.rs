@@ -78,6 +78,7 @@ async fn start_webhook(client: &kube::Client, dir: &std::path::Path) -> serve::R
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         certs,
+        client_ca: None,
         webhook: Arc::new(
             Webhook::new(
                 Arc::new(KubeSource::new(client.clone())),

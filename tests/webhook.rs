@@ -65,6 +65,7 @@ async fn harness_with(lookup_deadline: Duration) -> Harness {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         certs: store,
+        client_ca: None,
         webhook,
         health: Arc::new(Health::default()),
         cert_poll: Duration::from_millis(100),

@@ -201,6 +201,7 @@ impl Env {
             listen,
             admin_listen: "127.0.0.1:0".parse().unwrap(),
             certs: store,
+            client_ca: None,
             webhook,
             health: Arc::new(Health::default()),
             cert_poll: Duration::from_secs(60),

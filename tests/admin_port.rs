@@ -1,0 +1,381 @@
+//! The admin port's bounds (`/livez`, `/readyz`, `/metrics` over plain HTTP): a header timeout
+//! and an idle timeout, and a small connection cap at which the oldest connection makes room,
+//! so kubelet's probes are answered whatever other clients do; and, with the real binary under a
+//! small open-file limit, that a flood of the admin port leaves the webhook's accept working.
+//! Every wait polls towards a deadline; none is a fixed sleep.
+
+#[path = "common/ports.rs"]
+mod ports;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use apiserver::{ApiServer, TestCa};
+use confighash::serve::{AdminLimits, Limits};
+use ports::{DEADLINE, Http, closed_within, open_silent, probe, read_to_close};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Webhook limits as `serve` has them, with these admin limits.
+fn limits(admin: AdminLimits) -> Limits {
+    Limits {
+        admin,
+        ..Limits::default()
+    }
+}
+
+/// A probe's answer must come within kubelet's default `timeoutSeconds`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+async fn probe_ok(addr: SocketAddr, path: &str) -> Duration {
+    let (status, body, took) = probe(addr, path).await.expect("an answer");
+    assert_eq!((status, body.as_str()), (200, "ok\n"), "{path}");
+    assert!(took < PROBE_TIMEOUT, "{path} took {took:?}");
+    took
+}
+
+/// Idle connections, connections that stop inside their request head (HTTP/1.1, or HTTP/2 with
+/// prior knowledge after the preface) are closed once the header timeout has passed from
+/// accept, and `/livez` and `/readyz` answer while they are open.
+#[tokio::test]
+async fn idle_and_partial_header_connections_are_closed_within_the_header_timeout() {
+    let timeout = Duration::from_millis(500);
+    let server = ports::start(
+        limits(AdminLimits {
+            max_connections: 64,
+            header_read_timeout: timeout,
+            idle_timeout: Duration::from_secs(30),
+        }),
+        Duration::from_secs(10),
+        None,
+    )
+    .await;
+    let addr = server.running.admin_addr;
+    let started = Instant::now();
+    let mut open = Vec::new();
+    for bytes in [
+        &b""[..],
+        b"GET /livez HTTP/1.1\r\nHost: x\r\n",
+        b"GET /metr",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ] {
+        open.extend(open_silent(addr, 10, bytes).await);
+    }
+    server.wait_admin_connections(40).await;
+    probe_ok(addr, "/livez").await;
+    probe_ok(addr, "/readyz").await;
+    for (i, tcp) in open.iter_mut().enumerate() {
+        read_to_close(tcp).await;
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= timeout && elapsed < timeout + Duration::from_secs(3),
+            "connection {i} closed after {elapsed:?}, timeout {timeout:?}"
+        );
+    }
+    server.wait_admin_connections(0).await;
+}
+
+/// A kept-alive connection is closed once idle: HTTP/1.1 after the header timeout (hyper waits
+/// for the next request head under it), HTTP/2 after the idle timeout, gracefully.
+#[tokio::test]
+async fn a_kept_alive_connection_is_closed_once_idle() {
+    let header_read_timeout = Duration::from_millis(400);
+    let idle_timeout = Duration::from_millis(600);
+    let server = ports::start(
+        limits(AdminLimits {
+            max_connections: 64,
+            header_read_timeout,
+            idle_timeout,
+        }),
+        Duration::from_secs(10),
+        None,
+    )
+    .await;
+    for h2 in [false, true] {
+        let tcp = TcpStream::connect(server.running.admin_addr).await.unwrap();
+        let mut http = Http::over(tcp, h2).await;
+        for path in ["/livez", "/readyz", "/metrics"] {
+            let (status, _) = http.send("GET", path, Vec::new()).await.unwrap();
+            assert_eq!(status, 200, "h2 {h2}: {path}");
+        }
+        let idle = http.wait_closed().await;
+        let limit = if h2 {
+            idle_timeout
+        } else {
+            header_read_timeout
+        };
+        assert!(
+            idle >= limit / 2 && idle < limit + Duration::from_secs(3),
+            "h2 {h2}: closed {idle:?} after the last request, limit {limit:?}"
+        );
+    }
+    server.wait_admin_connections(0).await;
+}
+
+/// At the cap every new connection is still accepted, and the oldest one is closed to make room:
+/// a flood of 300 connections that send nothing (their header timeout far away) leaves the
+/// port holding at most its cap, and probes are answered at once all along.
+#[tokio::test]
+async fn at_the_cap_the_oldest_connection_makes_room_and_probes_are_answered() {
+    let cap = 8;
+    let server = ports::start(
+        limits(AdminLimits {
+            max_connections: cap,
+            header_read_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+        }),
+        Duration::from_secs(10),
+        None,
+    )
+    .await;
+    let addr = server.running.admin_addr;
+    let mut first = open_silent(addr, cap, b"GET /livez HTTP/1.1\r\n").await;
+    server.wait_admin_connections(cap).await;
+    // Nothing has to make room yet.
+    for tcp in &mut first {
+        assert!(!closed_within(tcp, Duration::from_millis(1)).await);
+    }
+
+    // One probe makes room by closing the oldest connection, and is answered.
+    probe_ok(addr, "/livez").await;
+    assert!(closed_within(&mut first[0], DEADLINE).await);
+    server.wait_admin_connections(cap - 1).await;
+
+    let mut flood = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for round in 0..10 {
+        flood.extend(open_silent(addr, 30, b"").await);
+        let took = probe_ok(addr, "/livez").await;
+        slowest = slowest.max(took);
+        assert!(
+            server.running.admin_connections() <= cap + 1,
+            "round {round}: {} admin connections, cap {cap}",
+            server.running.admin_connections()
+        );
+    }
+    // Everything from before the flood has been closed to make room, and all but the newest of
+    // the flood too.
+    for (i, tcp) in first.iter_mut().enumerate() {
+        assert!(closed_within(tcp, DEADLINE).await, "connection {i}");
+    }
+    let closed = {
+        let mut closed = 0;
+        for tcp in &mut flood {
+            if closed_within(tcp, Duration::from_millis(1)).await {
+                closed += 1;
+            }
+        }
+        closed
+    };
+    assert!(
+        closed >= flood.len() - cap,
+        "{closed} of {} closed",
+        flood.len()
+    );
+    assert!(server.running.admin_connections() <= cap);
+    eprintln!("slowest probe under the flood: {slowest:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The binary under a small open-file limit
+
+/// Lines `confighash serve` writes to standard error (JSON logs), as they come.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<Value>>>);
+
+impl Logs {
+    fn find(&self, message: &str) -> Option<Value> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l["fields"]["message"].as_str() == Some(message))
+            .cloned()
+    }
+
+    async fn wait_for(&self, message: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(line) = self.find(message) {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line {message:?} in {:#?}",
+                self.0.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Open file descriptors of process `pid`.
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// `confighash serve` started with a soft open-file limit of 256 and a hard one of 512 (as a
+/// container runtime might set them) raises the soft limit to 512, lowers `--max-connections`
+/// from its default 1024 to fit (512 - 64 admin - 1 - 256 reserved - 1 = 190), and when 1,000
+/// connections flood the admin port (idle ones and ones stopped inside a request head) it keeps
+/// at most 64 of them, its accept keeps working on both ports: a review over TLS and `/livez` are
+/// answered meanwhile, and the process never holds more file descriptors than the limit allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_accepts_while_the_admin_port_is_flooded() {
+    let api = ApiServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("admin_port test CA");
+    let pair = ca.issue(&["localhost", "127.0.0.1"]);
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("tls.crt"), &pair.cert_pem).unwrap();
+    std::fs::write(path("tls.key"), &pair.key_pem).unwrap();
+    std::fs::write(path("hmac.key"), b"admin_port.rs: 32 bytes of key!!").unwrap();
+    std::fs::write(
+        path("kubeconfig"),
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {}\n\
+             users:\n- name: admin\n  user: {{}}\ncontexts:\n- name: standin\n  context:\n    \
+             cluster: standin\n    user: admin\n    namespace: confighash\n\
+             current-context: standin\n",
+            api.url()
+        ),
+    )
+    .unwrap();
+
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_confighash"));
+    command
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--tls-cert")
+        .arg(path("tls.crt"))
+        .arg("--tls-key")
+        .arg(path("tls.key"))
+        .arg("--key-file")
+        .arg(path("hmac.key"))
+        .args(["--leader-elect", "false", "--log-format", "json"])
+        .env("KUBECONFIG", path("kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 512,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("confighash serve");
+    let pid = child.id().unwrap();
+    let logs = Logs::default();
+    let stderr = child.stderr.take().unwrap().into_owned_fd().unwrap();
+    let reader = {
+        let logs = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(std::fs::File::from(stderr)).lines() {
+                let Ok(line) = line else { break };
+                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+                logs.0.lock().unwrap().push(value);
+            }
+        })
+    };
+
+    let raised = logs
+        .wait_for("raised the open-file limit to the hard limit")
+        .await;
+    assert_eq!(raised["fields"]["before"], 256, "{raised}");
+    assert_eq!(raised["fields"]["soft"], 512, "{raised}");
+    let lowered = logs
+        .wait_for("--max-connections does not fit under the open-file limit; lowered")
+        .await;
+    assert_eq!(lowered["fields"]["requested"], 1024, "{lowered}");
+    assert_eq!(lowered["fields"]["max_connections"], 190, "{lowered}");
+    let serving = logs.wait_for("serving").await;
+    let addr = |field: &str| -> SocketAddr {
+        serving["fields"][field]
+            .as_str()
+            .unwrap_or_else(|| panic!("{serving}"))
+            .parse()
+            .unwrap()
+    };
+    let (webhook, admin) = (addr("webhook"), addr("admin"));
+
+    // The flood: half idle, half stopped inside a request head; far more than the 512 files
+    // the process may have.
+    let mut flood = open_silent(admin, 500, b"").await;
+    flood.extend(open_silent(admin, 500, b"GET /livez HTTP/1.1\r\nHost: x\r\n").await);
+    let files_under_flood = open_files(pid);
+    assert!(
+        files_under_flood < 512,
+        "the process holds {files_under_flood} files"
+    );
+
+    // The webhook still accepts, handshakes and answers.
+    let config = ports::client_config(&ca.pem, &[b"h2"], None);
+    let started = Instant::now();
+    let tls = ports::tls(webhook, config).await.expect("a TLS handshake");
+    let mut http = Http::over(tls, true).await;
+    http.review("during-the-flood").await;
+    let review_took = started.elapsed();
+    // And so does the admin port.
+    let (status, _, livez_took) = probe(admin, "/livez").await.expect("/livez answers");
+    assert_eq!(status, 200);
+    assert!(livez_took < PROBE_TIMEOUT, "{livez_took:?}");
+    // Most of the flood was closed to make room.
+    let mut closed = 0;
+    for tcp in &mut flood {
+        if closed_within(tcp, Duration::from_millis(1)).await {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= flood.len() - 64,
+        "{closed} of {} closed",
+        flood.len()
+    );
+    eprintln!(
+        "files: {files_under_flood} under the flood; review {review_took:?}, /livez {livez_took:?}; {closed} of {} flood connections closed",
+        flood.len()
+    );
+    drop(flood);
+
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    let _ = reader.join();
+    let warnings: Vec<_> = logs
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l["fields"]["message"] == "accept failed")
+        .cloned()
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
+}
+
+/// The admin port's defaults: 64 connections, a 5 s header timeout, 30 s idle.
+#[test]
+fn admin_defaults() {
+    let admin = Limits::default().admin;
+    assert_eq!(admin.max_connections, 64);
+    assert_eq!(admin.header_read_timeout, Duration::from_secs(5));
+    assert_eq!(admin.idle_timeout, Duration::from_secs(30));
+}
