@@ -22,6 +22,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// One value per process, read once at start: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Stamp the workloads of Kubernetes YAML offline, resolving references within the input.

@@ -304,7 +304,11 @@ fn set(name: &str) -> &'static ValuesSet {
 /// --client-ca-file, from the hardening of issue 12). While this build's command line does not
 /// know one, it is taken out of the arguments before clap reads them (and checked as text by
 /// the test that sets it); once it does, clap reads it like every other flag.
-const PENDING_FLAGS: [&str; 3] = ["--max-references", "--exclude-namespaces", "--client-ca-file"];
+const PENDING_FLAGS: [&str; 3] = [
+    "--max-references",
+    "--exclude-namespaces",
+    "--client-ca-file",
+];
 
 fn serve_knows(flag: &str) -> bool {
     let cli = Cli::command();
@@ -367,12 +371,26 @@ fn check_installation(what: &str, objects: &[Value], install: &Install) -> Serve
         }
         // Every object carries the chart's labels.
         let labels = &doc["metadata"]["labels"];
-        assert_eq!(labels["app.kubernetes.io/name"], "confighash", "{what}: {}", describe(doc));
-        assert_eq!(labels["app.kubernetes.io/managed-by"], "Helm", "{what}: {}", describe(doc));
+        assert_eq!(
+            labels["app.kubernetes.io/name"],
+            "confighash",
+            "{what}: {}",
+            describe(doc)
+        );
+        assert_eq!(
+            labels["app.kubernetes.io/managed-by"],
+            "Helm",
+            "{what}: {}",
+            describe(doc)
+        );
     }
     let mut identities = BTreeSet::new();
     for doc in objects {
-        assert!(identities.insert(describe(doc)), "{what}: {} twice", describe(doc));
+        assert!(
+            identities.insert(describe(doc)),
+            "{what}: {} twice",
+            describe(doc)
+        );
     }
     check_webhook_selects(objects, install);
     check_webhook_configuration(objects, install);
@@ -448,7 +466,13 @@ fn every_values_set_renders_an_installation_that_holds_together() {
                 assert!(serve.self_signed_certs);
                 assert_eq!(
                     container.image.as_deref(),
-                    Some(format!("ghcr.io/confighash/confighash:{}", env!("CARGO_PKG_VERSION")).as_str())
+                    Some(
+                        format!(
+                            "ghcr.io/confighash/confighash:{}",
+                            env!("CARGO_PKG_VERSION")
+                        )
+                        .as_str()
+                    )
                 );
                 assert_eq!(
                     kinds(&objects),
@@ -477,7 +501,10 @@ fn every_values_set_renders_an_installation_that_holds_together() {
                     2
                 );
                 assert_eq!(
-                    objects.iter().filter(|o| type_of(o).1 == "Certificate").count(),
+                    objects
+                        .iter()
+                        .filter(|o| type_of(o).1 == "Certificate")
+                        .count(),
                     2
                 );
             }
@@ -494,7 +521,9 @@ fn every_values_set_renders_an_installation_that_holds_together() {
             "monitoring" => check_monitoring(&objects, &install, &labels, container),
             "service monitor" => {
                 let service = find(&objects, "Service", "ch-confighash-metrics");
-                assert!(selects_pods(&json!({"matchLabels": service["spec"]["selector"]})));
+                assert!(selects_pods(
+                    &json!({"matchLabels": service["spec"]["selector"]})
+                ));
                 assert_eq!(service["spec"]["ports"][0]["targetPort"], "admin");
                 let monitor = find(&objects, "ServiceMonitor", &install.name);
                 let service_labels: BTreeMap<String, String> =
@@ -517,7 +546,10 @@ fn every_values_set_renders_an_installation_that_holds_together() {
                 let endpoint = &monitor["spec"]["endpoints"][0];
                 assert_eq!(endpoint["port"], service["spec"]["ports"][0]["name"]);
                 assert_eq!(
-                    (endpoint["interval"].as_str(), endpoint["scrapeTimeout"].as_str()),
+                    (
+                        endpoint["interval"].as_str(),
+                        endpoint["scrapeTimeout"].as_str()
+                    ),
                     (Some("1m"), Some("10s"))
                 );
             }
@@ -576,7 +608,10 @@ fn check_monitoring(
             .unwrap()
             .matches(pod_labels)
     );
-    assert_eq!(monitor["metadata"]["labels"]["release"], "kube-prometheus-stack");
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
     let endpoint = &monitor["spec"]["podMetricsEndpoints"][0];
     assert_eq!(endpoint["path"], "/metrics");
     assert!(
@@ -585,8 +620,10 @@ fn check_monitoring(
             .as_ref()
             .unwrap()
             .iter()
-            .any(|p| Some(p.name.as_deref().unwrap()) == endpoint["port"].as_str()
-                && p.container_port == 8080),
+            .any(
+                |p| Some(p.name.as_deref().unwrap()) == endpoint["port"].as_str()
+                    && p.container_port == 8080
+            ),
         "the PodMonitor scrapes the admin port"
     );
     let rule = find(objects, "PrometheusRule", &install.name);
@@ -609,7 +646,10 @@ fn check_monitoring(
     let dashboard = find(objects, "ConfigMap", "ch-confighash-dashboard");
     assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
-    assert_eq!(dashboard["metadata"]["annotations"]["grafana_folder"], "Platform");
+    assert_eq!(
+        dashboard["metadata"]["annotations"]["grafana_folder"],
+        "Platform"
+    );
     assert_eq!(
         dashboard["data"]["confighash.json"].as_str(),
         Some(read(&chart_dir().join("files/dashboard.json")).as_str()),
@@ -680,7 +720,10 @@ fn check_every_flag(objects: &[Value], install: &Install, serve: &ServeArgs, pen
         pod.image_pull_secrets.as_ref().unwrap()[0].name,
         "registry-creds"
     );
-    assert_eq!(pod.priority_class_name.as_deref(), Some("system-cluster-critical"));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-cluster-critical")
+    );
     assert_eq!(pod.topology_spread_constraints, None, "[] spreads nothing");
     assert_eq!(
         pod.node_selector.as_ref().unwrap()["kubernetes.io/os"],
@@ -689,7 +732,10 @@ fn check_every_flag(objects: &[Value], install: &Install, serve: &ServeArgs, pen
     assert_eq!(pod.tolerations.as_ref().unwrap().len(), 1);
     let template = spec.template.metadata.unwrap();
     assert_eq!(template.labels.unwrap()["example.com/team"], "platform");
-    assert_eq!(template.annotations.unwrap()["example.com/team"], "platform");
+    assert_eq!(
+        template.annotations.unwrap()["example.com/team"],
+        "platform"
+    );
     assert!(
         !spec
             .selector
@@ -711,8 +757,14 @@ fn check_every_flag(objects: &[Value], install: &Install, serve: &ServeArgs, pen
 fn chart_refuses_values_that_would_not_work() {
     for (values, expected) in [
         // Lookups must finish well within the API server's wait.
-        ("webhook:\n  lookupDeadline: 3s\n", "must be at most half of webhook.timeoutSeconds"),
-        ("webhook:\n  timeoutSeconds: 3\n", "must be at most half of webhook.timeoutSeconds"),
+        (
+            "webhook:\n  lookupDeadline: 3s\n",
+            "must be at most half of webhook.timeoutSeconds",
+        ),
+        (
+            "webhook:\n  timeoutSeconds: 3\n",
+            "must be at most half of webhook.timeoutSeconds",
+        ),
         (
             "webhook:\n  timeoutSeconds: 4\n  lookupDeadline: 2001ms\n",
             "must be at most half of webhook.timeoutSeconds",
@@ -720,16 +772,25 @@ fn chart_refuses_values_that_would_not_work() {
         ("webhook:\n  timeoutSeconds: 31\n", "timeoutSeconds"),
         ("webhook:\n  lookupDeadline: 2 seconds\n", "lookupDeadline"),
         // A budget no replica may leave blocks every drain.
-        ("replicaCount: 1\n", "podDisruptionBudget.minAvailable (1) must be below replicaCount (1)"),
+        (
+            "replicaCount: 1\n",
+            "podDisruptionBudget.minAvailable (1) must be below replicaCount (1)",
+        ),
         (
             "replicaCount: 2\npodDisruptionBudget:\n  enabled: true\n  minAvailable: 2\n",
             "must be below replicaCount",
         ),
         ("certificates:\n  mode: vault\n", "certificates.mode"),
         ("replicas: 3\n", "replicas"),
-        ("webhook:\n  excludeNamespaces: [Kube_System]\n", "excludeNamespaces"),
+        (
+            "webhook:\n  excludeNamespaces: [Kube_System]\n",
+            "excludeNamespaces",
+        ),
         ("watcher:\n  debounce: 5 seconds\n", "debounce"),
-        ("watcher:\n  maxTouchesPerSecond: 0\n", "maxTouchesPerSecond"),
+        (
+            "watcher:\n  maxTouchesPerSecond: 0\n",
+            "maxTouchesPerSecond",
+        ),
         ("image:\n  digest: latest\n", "digest"),
         ("log:\n  format: yaml\n", "format"),
     ] {
@@ -742,8 +803,12 @@ fn chart_refuses_values_that_would_not_work() {
         }
     }
     // At the limit is fine: half of the timeout.
-    template("ch", "platform", "webhook:\n  timeoutSeconds: 4\n  lookupDeadline: 2s\n")
-        .expect("2s within 4s");
+    template(
+        "ch",
+        "platform",
+        "webhook:\n  timeoutSeconds: 4\n  lookupDeadline: 2s\n",
+    )
+    .expect("2s within 4s");
 }
 
 // ----- one source of truth: the chart's defaults are deploy/ -----
@@ -846,7 +911,10 @@ fn the_monitoring_component_copies_the_charts_files() {
         read(&chart_dir().join("files/dashboard.json")),
         "deploy/components/monitoring/dashboard.json is a copy of charts/confighash/files/dashboard.json"
     );
-    let rule = &documents("prometheusrule.yaml", &read(&component.join("prometheusrule.yaml")))[0];
+    let rule = &documents(
+        "prometheusrule.yaml",
+        &read(&component.join("prometheusrule.yaml")),
+    )[0];
     let alerts = read(&chart_dir().join("files/alerts.yaml")).replace("$NAMESPACE", "confighash");
     assert_eq!(
         rule["spec"],
@@ -866,8 +934,11 @@ async fn the_code_runs_under_the_chart_rbac() {
     assert_eq!(install.name, "ch-confighash");
     let objects = set.render();
     let serve = check_deployment(&objects, &install);
-    let configuration: MutatingWebhookConfiguration =
-        typed(find(&objects, "MutatingWebhookConfiguration", &install.name));
+    let configuration: MutatingWebhookConfiguration = typed(find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        &install.name,
+    ));
     run_code_under_rbac(&install, &rbac_yaml(&objects), &configuration, &serve).await;
 }
 
@@ -951,10 +1022,16 @@ fn label_values(text: &str, labels: &[&str]) -> BTreeSet<String> {
 #[test]
 fn the_monitoring_kit_uses_exported_metrics() {
     let exported = exported_series();
-    assert!(exported.contains("confighash_touches_total"), "{exported:?}");
+    assert!(
+        exported.contains("confighash_touches_total"),
+        "{exported:?}"
+    );
     let alerts = read(&chart_dir().join("files/alerts.yaml"));
     let dashboard = read(&chart_dir().join("files/dashboard.json"));
-    for (file, text) in [("files/alerts.yaml", &alerts), ("files/dashboard.json", &dashboard)] {
+    for (file, text) in [
+        ("files/alerts.yaml", &alerts),
+        ("files/dashboard.json", &dashboard),
+    ] {
         let used = metric_names(text);
         assert!(!used.is_empty(), "{file}");
         for name in used {
@@ -970,7 +1047,10 @@ fn the_monitoring_kit_uses_exported_metrics() {
         .unwrap()
         .map(|e| read(&e.unwrap().path()))
         .collect();
-    for (file, text) in [("files/alerts.yaml", &alerts), ("files/dashboard.json", &dashboard)] {
+    for (file, text) in [
+        ("files/alerts.yaml", &alerts),
+        ("files/dashboard.json", &dashboard),
+    ] {
         for value in label_values(text, &["outcome", "operation"]) {
             assert!(
                 code.contains(&format!("\"{value}\"")),
@@ -1002,7 +1082,10 @@ fn the_monitoring_kit_uses_exported_metrics() {
     );
     let dashboard: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
     let panels = dashboard["panels"].as_array().unwrap();
-    let titles: BTreeSet<&str> = panels.iter().map(|p| p["title"].as_str().unwrap()).collect();
+    let titles: BTreeSet<&str> = panels
+        .iter()
+        .map(|p| p["title"].as_str().unwrap())
+        .collect();
     for title in [
         "Reviews by outcome",
         "Review latency",
@@ -1016,9 +1099,16 @@ fn the_monitoring_kit_uses_exported_metrics() {
     }
     let mut ids = BTreeSet::new();
     for panel in panels {
-        assert!(ids.insert(panel["id"].as_i64().unwrap()), "panel ids are unique");
+        assert!(
+            ids.insert(panel["id"].as_i64().unwrap()),
+            "panel ids are unique"
+        );
         if panel["type"] != "row" {
-            assert_eq!(panel["datasource"]["uid"], "${datasource}", "{}", panel["title"]);
+            assert_eq!(
+                panel["datasource"]["uid"], "${datasource}",
+                "{}",
+                panel["title"]
+            );
             for target in panel["targets"].as_array().unwrap() {
                 let expr = target["expr"].as_str().unwrap();
                 assert!(expr.contains("namespace=\"$namespace\""), "{expr}");
@@ -1044,7 +1134,10 @@ fn chart_versions_are_the_crates() {
         };
         for (key, value) in map {
             let property = &schema["properties"][key];
-            assert!(property.is_object(), "{at}.{key} is not in values.schema.json");
+            assert!(
+                property.is_object(),
+                "{at}.{key} is not in values.schema.json"
+            );
             assert!(
                 property["description"].is_string(),
                 "{at}.{key} has no description in values.schema.json"

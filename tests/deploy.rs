@@ -89,7 +89,13 @@ fn kustomizations(files: &[PathBuf]) -> Kustomizations {
             type_of(doc)
         );
         let allowed: &[&str] = if component {
-            &["apiVersion", "kind", "resources", "patches", "configMapGenerator"]
+            &[
+                "apiVersion",
+                "kind",
+                "resources",
+                "patches",
+                "configMapGenerator",
+            ]
         } else {
             &["apiVersion", "kind", "resources", "patches", "images"]
         };
@@ -237,14 +243,20 @@ fn rendered_overlays_survive_their_types() {
 
     // The monitoring component adds its objects to the base and changes none of the base's.
     let monitoring = kustomize_with_components(&["monitoring"]).unwrap();
-    let monitoring = by_identity(&documents("deploy/ with components/monitoring", &monitoring));
+    let monitoring = by_identity(&documents(
+        "deploy/ with components/monitoring",
+        &monitoring,
+    ));
     for doc in monitoring.values() {
         check_document("deploy/ with components/monitoring", doc, true);
     }
     for (id, doc) in &rendered {
         assert_eq!(monitoring.get(id), Some(doc), "{id}");
     }
-    let added: Vec<&String> = monitoring.keys().filter(|id| !rendered.contains_key(*id)).collect();
+    let added: Vec<&String> = monitoring
+        .keys()
+        .filter(|id| !rendered.contains_key(*id))
+        .collect();
     assert_eq!(
         added,
         [
@@ -277,7 +289,12 @@ fn deployment_runs_serve_as_the_issue_asks() {
     let deployment: Deployment = typed(find(&objects, "Deployment", NAME));
     let spec = deployment.spec.unwrap();
     assert_eq!(spec.replicas, Some(2));
-    let spread = spec.template.spec.unwrap().topology_spread_constraints.unwrap();
+    let spread = spec
+        .template
+        .spec
+        .unwrap()
+        .topology_spread_constraints
+        .unwrap();
     assert!(
         spread
             .iter()
@@ -286,7 +303,8 @@ fn deployment_runs_serve_as_the_issue_asks() {
     );
     let pdb = find(&objects, "PodDisruptionBudget", NAME);
     assert_eq!(pdb["spec"]["minAvailable"], 1);
-    let resources = serde_json::to_value(container(&objects, &install()).resources.unwrap()).unwrap();
+    let resources =
+        serde_json::to_value(container(&objects, &install()).resources.unwrap()).unwrap();
     assert_eq!(
         resources,
         serde_json::json!({
@@ -309,13 +327,20 @@ fn deploy_names_are_serves_defaults() {
     assert_eq!(defaults.lease, NAME);
     let certs = SelfSignedConfig::new(NAME, "tls.crt".into(), "tls.key".into());
     assert_eq!(
-        (certs.secret_name.as_str(), certs.service.as_str(), certs.webhook_configuration.as_str()),
+        (
+            certs.secret_name.as_str(),
+            certs.service.as_str(),
+            certs.webhook_configuration.as_str()
+        ),
         (CERTS_SECRET, NAME, NAME)
     );
     assert_eq!(LeaderConfig::new(NAME, "a").lease_name, NAME);
     // Names are checked when the command line is read.
     for bad in ["--lease=Not_A_Name", "--certs-secret=", "--service=-svc"] {
-        assert!(parse_serve(&["serve".to_owned(), bad.to_owned()]).is_err(), "{bad}");
+        assert!(
+            parse_serve(&["serve".to_owned(), bad.to_owned()]).is_err(),
+            "{bad}"
+        );
     }
 }
 
@@ -440,9 +465,14 @@ fn dockerfile_matches_the_manifests_and_ci() {
         "ARG VERSION defaults to Cargo.toml's version"
     );
     // Cross-compiled on the build machine's platform, with a target directory per architecture.
-    assert!(stages[0].starts_with("--platform=$BUILDPLATFORM "), "{}", stages[0]);
     assert!(
-        runs.iter().any(|r| r.contains("id=confighash-target-$TARGETARCH")),
+        stages[0].starts_with("--platform=$BUILDPLATFORM "),
+        "{}",
+        stages[0]
+    );
+    assert!(
+        runs.iter()
+            .any(|r| r.contains("id=confighash-target-$TARGETARCH")),
         "{runs:?}"
     );
     // The binary is the entrypoint, run in exec form (there is no shell).

@@ -299,8 +299,6 @@ pub fn check_cert_manager(what: &str, doc: &Value) {
     }
 }
 
-
-
 /// The Prometheus Operator kinds have no k8s-openapi type: their field names are checked against
 /// monitoring.coreos.com/v1 (the subset a typo would hit), and every alert has an expression.
 pub fn check_prometheus_operator(what: &str, doc: &Value) {
@@ -362,9 +360,17 @@ pub fn check_prometheus_operator(what: &str, doc: &Value) {
             };
             let allowed: Vec<&str> = monitor_fields.iter().copied().chain([list]).collect();
             keys_within(spec, "spec", &allowed);
-            keys_within(&spec["selector"], "spec.selector", &["matchLabels", "matchExpressions"]);
+            keys_within(
+                &spec["selector"],
+                "spec.selector",
+                &["matchLabels", "matchExpressions"],
+            );
             let endpoints = spec[list].as_array().expect("scrape endpoints");
-            assert!(!endpoints.is_empty(), "{what}: {}: no endpoints", describe(doc));
+            assert!(
+                !endpoints.is_empty(),
+                "{what}: {}: no endpoints",
+                describe(doc)
+            );
             for endpoint in endpoints {
                 keys_within(endpoint, &format!("spec.{list}[]"), &endpoint_fields);
             }
@@ -375,13 +381,28 @@ pub fn check_prometheus_operator(what: &str, doc: &Value) {
                 keys_within(
                     group,
                     "spec.groups[]",
-                    &["name", "interval", "rules", "limit", "partial_response_strategy", "labels"],
+                    &[
+                        "name",
+                        "interval",
+                        "rules",
+                        "limit",
+                        "partial_response_strategy",
+                        "labels",
+                    ],
                 );
                 for rule in group["rules"].as_array().expect("rules") {
                     keys_within(
                         rule,
                         "spec.groups[].rules[]",
-                        &["alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"],
+                        &[
+                            "alert",
+                            "record",
+                            "expr",
+                            "for",
+                            "keep_firing_for",
+                            "labels",
+                            "annotations",
+                        ],
                     );
                     assert!(
                         rule["expr"].as_str().is_some_and(|e| !e.trim().is_empty()),
@@ -404,7 +425,6 @@ pub fn check_document(what: &str, doc: &Value, exact: bool) {
         _ => assert_round_trips(what, doc, exact),
     }
 }
-
 
 pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
@@ -635,7 +655,6 @@ fn container_port(objects: &[Value], install: &Install, port: &IntOrString) -> i
     }
 }
 
-
 /// The Deployment runs `confighash serve` with the installation's names, as the objects around
 /// it expect: the ServiceAccount the bindings name, pods the budget and the Service select,
 /// ports the probes and the Service use, a lookup deadline well below the webhook's timeout, the
@@ -671,7 +690,11 @@ pub fn check_deployment(objects: &[Value], install: &Install) -> ServeArgs {
     for kind in ["ClusterRoleBinding", "RoleBinding"] {
         let subjects = &find(objects, kind, &install.name)["subjects"];
         assert_eq!(subjects[0]["name"], sa, "{kind}");
-        assert_eq!(subjects[0]["namespace"], install.namespace.as_str(), "{kind}");
+        assert_eq!(
+            subjects[0]["namespace"],
+            install.namespace.as_str(),
+            "{kind}"
+        );
     }
 
     // The budget (when there is one) and the Service select these pods; the budget lets a node
@@ -700,8 +723,14 @@ pub fn check_deployment(objects: &[Value], install: &Install) -> ServeArgs {
     let serve = parse_serve(&args)
         .unwrap_or_else(|e| panic!("the Deployment's arguments do not parse: {e}"));
     assert_eq!(serve.key_file, None);
-    assert_eq!(serve.key_secret, install.key_secret, "the name the Role allows");
-    assert_eq!(serve.certs_secret, install.certs_secret, "the name the Role allows");
+    assert_eq!(
+        serve.key_secret, install.key_secret,
+        "the name the Role allows"
+    );
+    assert_eq!(
+        serve.certs_secret, install.certs_secret,
+        "the name the Role allows"
+    );
     assert_eq!(serve.lease, install.name, "the name the Role allows");
     assert_eq!(serve.service, name_of(service));
     assert_eq!(
@@ -821,7 +850,9 @@ pub fn check_cert_manager_install(objects: &[Value], install: &Install) {
     // from a self-signed Issuer; otherwise it is the administrator's, and none is made.
     let issuer_ref = &certificate["spec"]["issuerRef"];
     let own = objects.iter().find(|o| {
-        type_of(o).1 == "Issuer" && issuer_ref["kind"] == "Issuer" && o["metadata"]["name"] == issuer_ref["name"]
+        type_of(o).1 == "Issuer"
+            && issuer_ref["kind"] == "Issuer"
+            && o["metadata"]["name"] == issuer_ref["name"]
     });
     match own {
         Some(issuer) => {
@@ -846,7 +877,10 @@ pub fn check_cert_manager_install(objects: &[Value], install: &Install) {
                 "an issuer of the administrator's, yet Issuers are made"
             );
             assert_eq!(
-                objects.iter().filter(|o| type_of(o).1 == "Certificate").count(),
+                objects
+                    .iter()
+                    .filter(|o| type_of(o).1 == "Certificate")
+                    .count(),
                 1,
                 "only the serving Certificate"
             );
@@ -1029,7 +1063,13 @@ pub fn forbidden_requests(install: &Install) -> Vec<Req> {
         // read-only.
         req("create", "", "secrets", app, None),
         req("update", "", "secrets", app, Some("db")),
-        req("patch", "", "secrets", system, Some("bootstrap-token-abcdef")),
+        req(
+            "patch",
+            "",
+            "secrets",
+            system,
+            Some("bootstrap-token-abcdef"),
+        ),
         req("delete", "", "secrets", app, Some("db")),
         req("update", "", "secrets", own, Some("someone-else")),
         req("patch", "", "secrets", own, Some("someone-else")),
@@ -1058,9 +1098,21 @@ pub fn forbidden_requests(install: &Install) -> Vec<Req> {
         req("update", ADMISSION, WEBHOOKS, None, name),
         req("delete", ADMISSION, WEBHOOKS, None, name),
         req("create", ADMISSION, WEBHOOKS, None, None),
-        req("patch", ADMISSION, "validatingwebhookconfigurations", None, name),
+        req(
+            "patch",
+            ADMISSION,
+            "validatingwebhookconfigurations",
+            None,
+            name,
+        ),
         // Leases of others, or deleting its own.
-        req("update", LEASES, "leases", system, Some("kube-controller-manager")),
+        req(
+            "update",
+            LEASES,
+            "leases",
+            system,
+            Some("kube-controller-manager"),
+        ),
         req("update", LEASES, "leases", own, Some("other")),
         req("delete", LEASES, "leases", own, name),
         // Core Events (the Recorder writes events.k8s.io), and reading Events.
