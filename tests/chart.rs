@@ -289,7 +289,12 @@ extraVolumeMounts:
         name: "a release whose name says confighash, in another namespace",
         release: "confighash-prod",
         namespace: "ops",
-        values: "",
+        // A spread constraint of the administrator's gets the chart's pod selector.
+        values: "topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: DoNotSchedule
+",
         excluded: &[],
     },
 ];
@@ -489,6 +494,14 @@ fn every_values_set_renders_an_installation_that_holds_together() {
                     ]
                 );
                 assert!(pending.is_empty(), "{pending:?}");
+                let spread = pod.topology_spread_constraints.clone().unwrap();
+                let key = if set.values.is_empty() {
+                    "kubernetes.io/hostname"
+                } else {
+                    "topology.kubernetes.io/zone"
+                };
+                assert_eq!(spread.len(), 1);
+                assert_eq!(spread[0].topology_key, key);
             }
             "one replica without a budget" => {
                 assert_eq!(replicas, Some(1));
