@@ -22,6 +22,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// One value per process, read once at start: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Stamp the workloads of Kubernetes YAML offline, resolving references within the input.
@@ -93,9 +95,9 @@ pub struct ServeArgs {
         default_value = "/var/run/confighash/tls.key"
     )]
     pub tls_key: PathBuf,
-    /// Make and keep a CA and serving certificate in the Secret `confighash-certs`, shared by all
-    /// replicas, and keep the MutatingWebhookConfiguration `confighash`'s caBundle current
-    /// (for the Service `confighash` in the pod's namespace).
+    /// Make and keep a CA and serving certificate in the Secret --certs-secret, shared by all
+    /// replicas, and keep the caBundle of the MutatingWebhookConfiguration
+    /// --webhook-configuration current (for the Service --service in the pod's namespace).
     #[arg(long, env = "CONFIGHASH_SELF_SIGNED_CERTS")]
     pub self_signed_certs: bool,
     /// HMAC key file: its bytes exactly as they are (at least 16).
@@ -182,6 +184,44 @@ pub struct ServeArgs {
         default_value = "info"
     )]
     pub log_level: String,
+    /// The MutatingWebhookConfiguration whose caBundle --self-signed-certs keeps current.
+    #[arg(
+        long,
+        env = "CONFIGHASH_WEBHOOK_CONFIGURATION",
+        value_name = "NAME",
+        default_value = crate::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION,
+        value_parser = parse_object_name
+    )]
+    pub webhook_configuration: String,
+    /// The webhook's Service in the pod's namespace, whose DNS names the certificate
+    /// --self-signed-certs makes carries.
+    #[arg(
+        long,
+        env = "CONFIGHASH_SERVICE",
+        value_name = "NAME",
+        default_value = crate::selfsigned::DEFAULT_SERVICE,
+        value_parser = parse_object_name
+    )]
+    pub service: String,
+    /// The Secret in the pod's namespace where --self-signed-certs keeps its CA and serving
+    /// pair (created when absent).
+    #[arg(
+        long,
+        env = "CONFIGHASH_CERTS_SECRET",
+        value_name = "NAME",
+        default_value = crate::selfsigned::DEFAULT_SECRET_NAME,
+        value_parser = parse_object_name
+    )]
+    pub certs_secret: String,
+    /// The Lease in the pod's namespace that elects the leader (created when absent).
+    #[arg(
+        long,
+        env = "CONFIGHASH_LEASE",
+        value_name = "NAME",
+        default_value = crate::leader::DEFAULT_LEASE_NAME,
+        value_parser = parse_object_name
+    )]
+    pub lease: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -217,6 +257,19 @@ fn parse_namespace(s: &str) -> Result<String, String> {
         Ok(s.to_owned())
     } else {
         Err(format!("{s:?} is not a namespace name (a DNS-1123 label)"))
+    }
+}
+
+/// The name of an object confighash writes: a DNS-1123 subdomain, which every kind it writes
+/// (Secret, Lease, Service, MutatingWebhookConfiguration) accepts.
+fn parse_object_name(s: &str) -> Result<String, String> {
+    if crate::refs::is_object_name(s) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not an object name (lowercase letters, digits, '-' and '.', starting and \
+             ending with a letter or digit, at most 253 characters)"
+        ))
     }
 }
 

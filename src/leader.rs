@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// The Lease's default name.
+/// The Lease's name unless `--lease` names another.
 pub const DEFAULT_LEASE_NAME: &str = "confighash";
 /// How long a Lease stays valid for other candidates after they observe its last renewal.
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -57,7 +57,7 @@ const RELEASE_ATTEMPTS: u32 = 3;
 pub struct LeaderConfig {
     /// Namespace of the Lease (the pod's own namespace).
     pub namespace: String,
-    /// Name of the Lease (`confighash`).
+    /// Name of the Lease (`--lease`, by default `confighash`).
     pub lease_name: String,
     /// This replica's identity, unique per process (see [`LeaderConfig::default_identity`]).
     pub identity: String,

@@ -36,6 +36,14 @@ const TLS_KEY: &str = "tls.key";
 /// SHA-256 (hex) of the CA certificate that signed `tls.crt`.
 const TLS_ISSUER: &str = "tls-issuer";
 
+/// The Secret the CA and serving pair are kept in, unless `--certs-secret` names another.
+pub const DEFAULT_SECRET_NAME: &str = "confighash-certs";
+/// The webhook's Service, unless `--service` names another.
+pub const DEFAULT_SERVICE: &str = "confighash";
+/// The MutatingWebhookConfiguration whose caBundle is kept, unless `--webhook-configuration`
+/// names another.
+pub const DEFAULT_WEBHOOK_CONFIGURATION: &str = "confighash";
+
 /// Where and how long.
 #[derive(Debug, Clone)]
 pub struct SelfSignedConfig {
@@ -67,12 +75,14 @@ const BACKDATE: Duration = Duration::from_secs(300);
 impl SelfSignedConfig {
     /// The defaults: Secret `confighash-certs`, Service and webhook configuration `confighash`,
     /// a 10-year CA rotated a year before it expires, a 90-day certificate renewed 30 days before.
+    /// `serve` replaces the three names with those of `--certs-secret`, `--service` and
+    /// `--webhook-configuration`.
     pub fn new(namespace: &str, cert_path: PathBuf, key_path: PathBuf) -> Self {
         SelfSignedConfig {
             namespace: namespace.to_owned(),
-            secret_name: "confighash-certs".to_owned(),
-            service: "confighash".to_owned(),
-            webhook_configuration: "confighash".to_owned(),
+            secret_name: DEFAULT_SECRET_NAME.to_owned(),
+            service: DEFAULT_SERVICE.to_owned(),
+            webhook_configuration: DEFAULT_WEBHOOK_CONFIGURATION.to_owned(),
             cert_path,
             key_path,
             ca_validity: Duration::from_secs(3650 * DAY),

@@ -982,11 +982,16 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
     };
     tracing::info!(key_id = keys.current().id(), "checksum key loaded");
     if args.self_signed_certs {
-        let config = crate::selfsigned::SelfSignedConfig::new(
-            &namespace,
-            args.tls_cert.clone(),
-            args.tls_key.clone(),
-        );
+        let config = crate::selfsigned::SelfSignedConfig {
+            secret_name: args.certs_secret.clone(),
+            service: args.service.clone(),
+            webhook_configuration: args.webhook_configuration.clone(),
+            ..crate::selfsigned::SelfSignedConfig::new(
+                &namespace,
+                args.tls_cert.clone(),
+                args.tls_key.clone(),
+            )
+        };
         crate::selfsigned::ensure(&client, &config).await?;
         background.push(tokio::spawn(crate::selfsigned::run(client.clone(), config)));
     }
@@ -1020,7 +1025,10 @@ pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
     );
     let identity = crate::leader::LeaderConfig::default_identity();
     let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let leader_config = crate::leader::LeaderConfig::new(namespace.clone(), identity.clone());
+    let leader_config = crate::leader::LeaderConfig {
+        lease_name: args.lease.clone(),
+        ..crate::leader::LeaderConfig::new(namespace.clone(), identity.clone())
+    };
     leader_config
         .validate()
         .map_err(|e| RunError::Leader(e.to_string()))?;
