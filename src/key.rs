@@ -302,7 +302,8 @@ fn is_transient(err: &kube::Error) -> bool {
 }
 
 /// Whether two keys are the same bytes. `StampKey` does not expose its bytes, so this compares
-/// the ids and then the HMAC of one fixed message (the recipe header) under each key.
+/// the ids and then the HMAC of one fixed message (the stamp of no references in namespace "")
+/// under each key.
 fn same_key(a: &StampKey, b: &StampKey) -> bool {
     let probe = |k: &StampKey| {
         checksum::compute_stamp(Some(k), "", &References::default(), |_| {

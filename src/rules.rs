@@ -11,7 +11,7 @@
 //! 4. opted-out workloads are never stamped.
 //!
 //! A stamp of the older recipe v1 made with the current key is not foreign: it is compared with
-//! the expected stamp under v1 ([`Lookup::Resolved::expected_v1`]), kept while equal and replaced
+//! the expected stamp under v1 (`expected_v1` of [`Lookup::Resolved`]), kept while equal and replaced
 //! by the v2 stamp when stale, so upgrading rolls nothing and a config change made during the
 //! upgrade still rolls once. A real template change (which rolls the pods anyway) writes v2.
 
@@ -157,7 +157,7 @@ fn v1_stamp<'a>(trigger: Trigger<'a>, current: Current<'a>, key_id: &str) -> Opt
         .filter(|s| Recipe::of_stamp(s, key_id) == Some(Recipe::V1))
 }
 
-/// Whether [`decide`] needs the expected v1 stamp ([`Lookup::Resolved::expected_v1`]) for this
+/// Whether [`decide`] needs the expected v1 stamp (`expected_v1` of [`Lookup::Resolved`]) for this
 /// workload: only when the stamp it keeps or replaces is a v1 stamp made with the current key.
 pub fn needs_v1(trigger: Trigger<'_>, current: Current<'_>, key_id: &str) -> bool {
     v1_stamp(trigger, current, key_id).is_some()

@@ -29,10 +29,17 @@ use support::{Env, Setup};
 
 const NS: &str = "shop";
 
+/// A workload: kind, name, and references (as `support::workload_object` takes them).
+type Workload = (
+    &'static str,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+);
+
 /// The workloads of the upgrade: (kind, name, references). The first three depend on ConfigMap
 /// `app-env` (whole, one key, and beside a Secret key and an absent optional key); `other` does
 /// not.
-const WORKLOADS: [(&str, &str, &[(&str, &str)]); 4] = [
+const WORKLOADS: [Workload; 4] = [
     ("Deployment", "web", &[("envFrom", "app-env")]),
     (
         "StatefulSet",

@@ -228,10 +228,13 @@ fn test_key() -> StampKey {
     StampKey::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap()
 }
 
-fn vector_1_inputs() -> (
+/// References and objects, as `stamp_with` takes them.
+type Inputs = (
     Vec<(ObjectKind, &'static str, Selection)>,
     Vec<(ObjectKind, &'static str, Obj)>,
-) {
+);
+
+fn vector_1_inputs() -> Inputs {
     let cm = config_map(&[("LOG_LEVEL", "info"), ("PORT", "8080")], &[]);
     (
         vec![(ObjectKind::ConfigMap, "app-env", Selection::Whole)],

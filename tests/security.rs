@@ -454,6 +454,43 @@ async fn absent_objects_with_different_key_selections_give_different_stamps() {
     assert_eq!(v1("a"), v1("b"));
 }
 
+/// What remains of the oracle while workloads carry `v1:` stamps of an earlier release: a v1
+/// stamp made with the current key is checked under recipe v1, which has no namespace, and whether
+/// it is kept tells whether it is right. A review for a namespace of the sender's that carries
+/// another namespace's v1 stamp as its old stamp therefore tests a guess of the value behind it:
+/// kept (no patch) for the right guess, replaced for a wrong one. SECURITY.md ("Known
+/// limitations") says how to retire v1 stamps.
+#[tokio::test]
+async fn a_kept_v1_stamp_still_answers_guesses_until_it_is_replaced() {
+    let h = harness().await;
+    let value: &[u8] = b"hunter2";
+    let key = StampKey::new(KEY.to_vec()).unwrap();
+    // The v1 stamp an earlier release put on the Deployment in `vault`.
+    let victim = deployment(NS, json!({}));
+    let Analysis::Workload(info) = workload::analyze(WorkloadKind::Deployment, &victim).unwrap()
+    else {
+        panic!("not a workload")
+    };
+    let db = secret_object("db", &[("password", value)]);
+    let view = ObjectView::secret(&db);
+    let v1 = checksum::compute_stamp_v1(Some(&key), &info.refs, |_| RefState::Present(&view))
+        .to_string();
+
+    let mine = deployment("elsewhere", json!({ STAMP: v1 }));
+    for (guess, right) in [(&b"letmein"[..], false), (value, true)] {
+        h.secret("elsewhere", "db", &[("password", guess)]).await;
+        let body = review("UPDATE", &mine, Some(&mine));
+        let (after, patch) = patched(&body, &h.post(&body).await);
+        assert_eq!(
+            patch.is_empty(),
+            right,
+            "guess {:?}",
+            String::from_utf8_lossy(guess)
+        );
+        assert_eq!(stamp_of(&after).as_deref() == Some(v1.as_str()), right);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Logs, Events and metrics
 
