@@ -892,7 +892,7 @@ struct Figures {
 fn ms(d: Duration) -> String {
     let ms = d.as_secs_f64() * 1000.0;
     if ms >= 100.0 {
-        format!("{}", thousands(ms.round() as u64))
+        thousands(ms.round() as u64)
     } else {
         format!("{ms:.1}")
     }
@@ -902,7 +902,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -1083,13 +1083,13 @@ fn report(figures: &[Figures]) {
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for f in figures {
         println!(
-            "| {} | {} | {:.1} KB | {} | {} | {:.0} | {} | {} | {} / {} | {:.2} s in {:.2} s, {:.0} %, {} / {} |",
+            "| {} | {} | {:.1} KB | {} | {} | {} | {} | {} | {} / {} | {:.2} s in {:.2} s, {:.0} %, {} / {} |",
             f.n,
             thousands(f.r as u64),
             f.body_bytes as f64 / 1000.0,
             thousands(f.cm_gets as u64),
             thousands((f.cm_gets as f64 / f.attack_secs.max(1e-3)).round() as u64),
-            f.cm_gets as f64 / f.n as f64,
+            thousands((f.cm_gets as f64 / f.n as f64).round() as u64),
             f.cm_gets_after,
             summarize(&f.attack_answers),
             ms(percentile(&f.attack_latency, 50.0)),
