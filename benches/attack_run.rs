@@ -11,9 +11,11 @@
 //!   scenario (so its VmHWM is that scenario's peak): `KUBECONFIG` points it at the stand-in with
 //!   the ServiceAccount's token, `--key-file`, `--leader-elect false`, a serving pair issued by a
 //!   test CA, `--listen` and `--admin-listen` on free loopback ports; no other flag unless
-//!   `CONFIGHASH_ATTACK_SERVE_ARGS` adds some. The binary is built with
-//!   `cargo build --release --locked --bin confighash` before the first scenario (or taken from
-//!   `CONFIGHASH_ATTACK_BINARY`). The bench waits for `/readyz` and for the watcher's initial sync.
+//!   `CONFIGHASH_ATTACK_SERVE_ARGS` adds some. Before the first scenario the binary is built as the
+//!   Dockerfile builds it, `cargo build --release --locked --bin confighash`, in its own target
+//!   directory `target/attack-run` (sharing target/release with `cargo bench` would rebuild ring,
+//!   rustls and kube in both on every run); `CONFIGHASH_ATTACK_BINARY` names a binary to use
+//!   instead. The bench waits for `/readyz` and for the watcher's initial sync.
 //! - **Attack**: N forged AdmissionReviews at once, each a CREATE of a Deployment in `shop` whose
 //!   `confighash.dev/extra-configmaps` annotation names R distinct ConfigMaps: the namespace's 3
 //!   plus R - 3 names that exist nowhere and that no other review names (so no two reviews could
@@ -418,6 +420,14 @@ fn release_binary(options: &Options) -> Result<(PathBuf, String), String> {
         ));
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // Its own target directory: `cargo bench` and this build would otherwise rebuild each
+    // other's units of ring, rustls and kube in target/release on every run.
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
+            PathBuf::from,
+        )
+        .join("attack-run");
     let started = Instant::now();
     let output = Command::new(cargo)
         .args([
@@ -428,6 +438,8 @@ fn release_binary(options: &Options) -> Result<(PathBuf, String), String> {
             "confighash",
             "--message-format=json-render-diagnostics",
         ])
+        .arg("--target-dir")
+        .arg(&target_dir)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stderr(Stdio::inherit())
         .output()
@@ -444,7 +456,8 @@ fn release_binary(options: &Options) -> Result<(PathBuf, String), String> {
     Ok((
         executable,
         format!(
-            "cargo build --release --locked --bin confighash, {:.1} s",
+            "built by cargo build --release --locked --bin confighash --target-dir {} in {:.1} s",
+            target_dir.display(),
             started.elapsed().as_secs_f64()
         ),
     ))
