@@ -33,8 +33,21 @@ pub fn kube_error(e: &kube::Error) -> String {
         kube::Error::FromUtf8(_) => "the answer is not UTF-8".to_owned(),
         kube::Error::ReadEvents(e) => format!("reading the watch stream: {}", e.kind()),
         kube::Error::LinesCodecMaxLineLengthExceeded => "a watch event is too long".to_owned(),
+        // Discovery errors can quote a group version the API server named.
+        kube::Error::Discovery(e) => format!("discovery: {}", discovery_error(e)),
         // Transport, TLS, authentication and configuration errors: none carries a response body.
         other => other.to_string(),
+    }
+}
+
+fn discovery_error(e: &kube::error::DiscoveryError) -> &'static str {
+    use kube::error::DiscoveryError;
+    match e {
+        DiscoveryError::InvalidGroupVersion(_) => "the API server named an invalid group version",
+        DiscoveryError::MissingKind(_) => "the kind is not served",
+        DiscoveryError::MissingApiGroup(_) => "the API group is not served",
+        DiscoveryError::MissingResource(_) => "the resource is not served",
+        DiscoveryError::EmptyApiGroup(_) => "the API group serves no version",
     }
 }
 

@@ -630,9 +630,10 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Runs `confighash serve` until SIGTERM or SIGINT, then shuts down gracefully.
 pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .map_err(RunError::Client)?;
+        .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
+    let client = crate::client::build(config).map_err(RunError::Client)?;
     let namespace = client.default_namespace().to_owned();
     let mut background = Vec::new();
     let keys = match &args.key_file {
