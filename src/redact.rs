@@ -19,12 +19,12 @@ pub fn json_error(e: &serde_json::Error) -> String {
 }
 
 /// A Kubernetes client error without anything the API server sent but its status code and a
-/// reason word.
+/// reason Kubernetes defines.
 pub fn kube_error(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(status) => {
             let mut text = format!("the API server answered {}", status.code);
-            if is_word(&status.reason) {
+            if is_known_reason(&status.reason) {
                 let _ = write!(text, " {}", status.reason);
             }
             text
@@ -59,7 +59,7 @@ pub fn watcher_error(e: &kube::runtime::watcher::Error) -> String {
         Error::WatchStartFailed(e) => format!("starting the watch failed: {}", kube_error(e)),
         Error::WatchError(status) => {
             let mut text = format!("the watch ended with {}", status.code);
-            if is_word(&status.reason) {
+            if is_known_reason(&status.reason) {
                 let _ = write!(text, " {}", status.reason);
             }
             text
@@ -69,9 +69,10 @@ pub fn watcher_error(e: &kube::runtime::watcher::Error) -> String {
     }
 }
 
-/// A Kubernetes reason such as `NotFound` or `Expired`: letters only, and short.
-fn is_word(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 40 && s.bytes().all(|b| b.is_ascii_alphabetic())
+/// A reason Kubernetes defines, such as `NotFound` or `Expired`: never free text (a server could
+/// put a value that is a plain word there).
+fn is_known_reason(s: &str) -> bool {
+    kube::core::response::reason::is_known(s)
 }
 
 #[cfg(test)]
@@ -95,8 +96,10 @@ mod tests {
             kube::core::Status::failure("secret hunter2 is invalid", "Invalid").with_code(422);
         let safe = kube_error(&kube::Error::Api(status.boxed()));
         assert_eq!(safe, "the API server answered 422 Invalid");
-        let status = kube::core::Status::failure("x", "hunter 2").with_code(500);
-        let safe = kube_error(&kube::Error::Api(status.boxed()));
-        assert_eq!(safe, "the API server answered 500");
+        for reason in ["hunter 2", "Hunter"] {
+            let status = kube::core::Status::failure("x", reason).with_code(500);
+            let safe = kube_error(&kube::Error::Api(status.boxed()));
+            assert_eq!(safe, "the API server answered 500");
+        }
     }
 }
