@@ -1454,14 +1454,14 @@ mod tests {
                     r#"{"type":"MODIFIED","object":{"kind":"Secret","data":{"k":"c4n4ry-7Hq2x"}}}"#;
                 // The watch ends at a line that does not decode; the watcher watches again,
                 // and relists after a 410.
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     (200, format!("{added}\n{bad}\n{added}\n"))
                 } else {
                     (200, format!("{added}\n{gone}\n"))
                 }
             } else {
                 let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if n % 2 == 0 {
+                if n.is_multiple_of(2) {
                     (
                         200,
                         r#"{"kind":"SecretList","items":"c4n4ry-7Hq2x"}"#.to_owned(),
@@ -1493,7 +1493,6 @@ mod tests {
                 Err(e) => errors.push(format!("{e:?} {e}")),
             }
         }
-        drop(stream);
         drop(_guard);
         assert!(
             lists.load(std::sync::atomic::Ordering::SeqCst) >= 5,

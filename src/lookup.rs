@@ -889,7 +889,7 @@ mod tests {
     fn decoding_errors_never_quote_the_answer() {
         let canary = "c4n4ry-hunter2";
         let bodies = [
-            format!("{canary}"),
+            canary.to_string(),
             format!(r#"{{"data":"{canary}"}}"#),
             format!(r#"{{"data":{{"k":"{canary}"}}}}"#),
             format!(r#"{{"data":{{"k":["{canary}"]}}}}"#),

@@ -999,3 +999,192 @@ async fn no_secret_byte_reaches_a_log_line_whatever_the_api_server_answers() {
         &["kube_client", "confighash::key", "confighash::client"],
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A conforming API server
+
+/// Everything serve asks a conforming API server (the in-memory stand-in) passes the layer as
+/// kube expects: objects, lists, watches, Statuses of deletes, 404/409 errors, discovery and
+/// Events, with no answer withheld.
+#[tokio::test]
+async fn a_conforming_api_servers_answers_pass_the_layer() {
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+    use kube::Api;
+    use kube::api::{
+        ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+    };
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let sink = Sink(logs.clone());
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || sink.clone())
+            .finish(),
+    );
+
+    let server = apiserver::ApiServer::start().await;
+    let admin = server.client();
+    let post = PostParams::default();
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": APP_NS}})).unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(&post, &ns)
+        .await
+        .unwrap();
+    let mut config = server.config();
+    config.default_namespace = APP_NS.into();
+    let client = confighash::client::build(config).unwrap();
+
+    // Secrets: create, get, create again (409), replace, list, delete, absent.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), APP_NS);
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "db"}, "data": {"k": b64(CANARY)}}))
+            .unwrap();
+    secrets.create(&post, &secret).await.unwrap();
+    let err = secrets.create(&post, &secret).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"),
+        "{err:?}"
+    );
+    let read = secrets.get("db").await.unwrap();
+    assert_eq!(read.data.as_ref().unwrap()["k"].0, CANARY.as_bytes());
+    secrets.replace("db", &post, &read).await.unwrap();
+    assert_eq!(
+        secrets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+    secrets
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(secrets.get_opt("db").await.unwrap().is_none());
+
+    // A ConfigMap seen through kube-runtime's watcher: list, then watch.
+    let maps: Api<ConfigMap> = Api::all(client.clone());
+    let mut events = std::pin::pin!(watcher(maps, watcher::Config::default()).applied_objects());
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"k": CANARY}}))
+            .unwrap();
+    Api::<ConfigMap>::namespaced(admin.clone(), APP_NS)
+        .create(&post, &cm)
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), events.try_next())
+        .await
+        .expect("the watcher delivers the ConfigMap")
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.metadata.name.as_deref(), Some("cfg"));
+
+    // A Lease, a webhook configuration, a workload patch, discovery and an Event.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), APP_NS);
+    let lease: Lease =
+        serde_json::from_value(json!({"metadata": {"name": "l"}, "spec": {}})).unwrap();
+    let lease = leases.create(&post, &lease).await.unwrap();
+    leases.replace("l", &post, &lease).await.unwrap();
+    let mwc: MutatingWebhookConfiguration =
+        serde_json::from_value(json!({"metadata": {"name": "confighash"}, "webhooks": []}))
+            .unwrap();
+    Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .create(&post, &mwc)
+        .await
+        .unwrap();
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    mwcs.get("confighash").await.unwrap();
+    mwcs.patch(
+        "confighash",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+    )
+    .await
+    .unwrap();
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}},
+            "template": {"metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "example/web:1"}]}}}}))
+    .unwrap();
+    let deployment = Api::<Deployment>::namespaced(admin.clone(), APP_NS)
+        .create(&post, &deployment)
+        .await
+        .unwrap();
+    let (resource, _) = kube::discovery::oneshot::pinned_kind(
+        &client,
+        &kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment"),
+    )
+    .await
+    .unwrap();
+    let workloads: Api<DynamicObject> = Api::namespaced_with(client.clone(), APP_NS, &resource);
+    let patch = json!({"spec": {"template": {"metadata": {"annotations": {"a": "b"}}}}});
+    workloads
+        .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let mut listed = std::pin::pin!(
+        watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<Deployment>(&())),
+            watcher::Config::default()
+        )
+        .applied_objects()
+    );
+    let seen = tokio::time::timeout(Duration::from_secs(10), listed.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.metadata.name.as_deref(), Some("web"));
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "confighash".into(),
+            instance: None,
+        },
+    );
+    recorder
+        .publish(
+            &Event {
+                type_: EventType::Normal,
+                reason: "ConfigChanged".into(),
+                note: Some("n".into()),
+                action: "Restamp".into(),
+                secondary: None,
+            },
+            &kube::Resource::object_ref(&deployment, &()),
+        )
+        .await
+        .unwrap();
+
+    drop(_guard);
+    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let withheld: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("confighash::client"))
+        .collect();
+    assert!(withheld.is_empty(), "answers were withheld:\n{withheld:#?}");
+    assert!(
+        logs.contains("confighash::client"),
+        "the layer saw the 404 and 409 answers"
+    );
+}

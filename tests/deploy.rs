@@ -1198,7 +1198,8 @@ async fn the_code_runs_under_the_deploy_rbac() {
     server.set_authorizer(Some(Authorizer::from_yaml(&base_rbac()).unwrap()));
     let mut config = server.config_with_token("confighash-token");
     config.default_namespace = NAME.into();
-    let client = kube::Client::try_from(config).unwrap();
+    // As `serve` builds it.
+    let client = confighash::client::build(config).unwrap();
 
     // RBAC is enforced: confighash may not write config.
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), APP);
