@@ -103,7 +103,8 @@ pub enum KeyLoadError {
         source: KeyError,
     },
     #[error(
-        "cannot {action} the checksum key Secret {namespace}/{name} (after {attempts} attempt(s)): {source}"
+        "cannot {action} the checksum key Secret {namespace}/{name} (after {attempts} attempt(s)): {}",
+        crate::redact::kube_error(source)
     )]
     Api {
         action: &'static str,
@@ -180,7 +181,7 @@ pub async fn from_secret(
                     namespace,
                     secret = name,
                     attempt,
-                    error = %source,
+                    error = %crate::redact::kube_error(&source),
                     "cannot {action} the checksum key Secret yet; retrying"
                 );
                 tokio::time::sleep(backoff).await;
@@ -344,7 +345,7 @@ pub async fn watch_secret(
                 Err(e) => tracing::warn!(
                     namespace = %watch.namespace,
                     secret = %watch.name,
-                    error = %e,
+                    error = %crate::redact::watcher_error(&e),
                     "watch of the checksum key Secret failed; retrying"
                 ),
             }

@@ -295,7 +295,29 @@ pub fn spawn(client: kube::Client, config: LeaderConfig) -> (Leadership, JoinHan
 /// Gives the Lease up if `config.identity` holds it, so that another replica takes over at once
 /// instead of after the lease duration; returns whether it did. For graceful shutdown: abort the
 /// election task (and await it) first, or it would claim the Lease again.
-pub async fn release(client: kube::Client, config: &LeaderConfig) -> Result<bool, kube::Error> {
+pub async fn release(client: kube::Client, config: &LeaderConfig) -> Result<bool, ReleaseError> {
+    release_lease(client, config).await.map_err(ReleaseError)
+}
+
+/// Why [`release`] failed. Displayed (and debug-printed) without anything the API server wrote
+/// but a status code and a reason word, so it can be logged as it is.
+pub struct ReleaseError(pub kube::Error);
+
+impl std::fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::redact::kube_error(&self.0))
+    }
+}
+
+impl std::fmt::Debug for ReleaseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReleaseError({self})")
+    }
+}
+
+impl std::error::Error for ReleaseError {}
+
+async fn release_lease(client: kube::Client, config: &LeaderConfig) -> Result<bool, kube::Error> {
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let mut attempt = 1;
     loop {
@@ -412,7 +434,7 @@ impl Elector {
                     tracing::debug!("another replica wrote the leader lease first");
                 }
                 Ok(Err(error)) => {
-                    tracing::warn!(%error, "could not acquire the leader lease");
+                    tracing::warn!(error = %crate::redact::kube_error(&error), "could not acquire the leader lease");
                 }
                 Err(_) => tracing::warn!("acquiring the leader lease timed out"),
             }
@@ -452,7 +474,10 @@ impl Elector {
                     retry_now = !retried_conflict;
                     retried_conflict = true;
                 }
-                Ok(Err(error)) => tracing::warn!(%error, "could not renew the leader lease"),
+                Ok(Err(error)) => tracing::warn!(
+                    error = %crate::redact::kube_error(&error),
+                    "could not renew the leader lease"
+                ),
                 Err(_) => {
                     return "renewing timed out at the renew deadline".to_owned();
                 }

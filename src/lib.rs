@@ -8,6 +8,7 @@ pub mod admission;
 pub mod certs;
 pub mod checksum;
 pub mod cli;
+pub mod client;
 pub mod index;
 pub mod key;
 pub mod leader;

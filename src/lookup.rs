@@ -219,10 +219,15 @@ impl KubeSource {
         budget: &MemoryBudget,
     ) -> Result<Option<Fetched>, String> {
         let path = object_path(namespace, object).map_err(|e| e.to_string())?;
-        let request = http::Request::get(path)
+        let mut request = http::Request::get(path)
             .header(http::header::ACCEPT, "application/json")
             .body(kube::client::Body::empty())
             .map_err(|e| format!("cannot build the request: {e}"))?;
+        // Read below within the memory budget, never quoted: the client's layer passes the body
+        // unread (it still withholds error bodies).
+        request
+            .extensions_mut()
+            .insert(crate::client::DecodedByCaller);
         let response = self
             .client
             .send(request)

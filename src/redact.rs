@@ -19,12 +19,12 @@ pub fn json_error(e: &serde_json::Error) -> String {
 }
 
 /// A Kubernetes client error without anything the API server sent but its status code and a
-/// reason word.
+/// reason Kubernetes defines.
 pub fn kube_error(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(status) => {
             let mut text = format!("the API server answered {}", status.code);
-            if is_word(&status.reason) {
+            if is_known_reason(&status.reason) {
                 let _ = write!(text, " {}", status.reason);
             }
             text
@@ -33,8 +33,21 @@ pub fn kube_error(e: &kube::Error) -> String {
         kube::Error::FromUtf8(_) => "the answer is not UTF-8".to_owned(),
         kube::Error::ReadEvents(e) => format!("reading the watch stream: {}", e.kind()),
         kube::Error::LinesCodecMaxLineLengthExceeded => "a watch event is too long".to_owned(),
+        // Discovery errors can quote a group version the API server named.
+        kube::Error::Discovery(e) => format!("discovery: {}", discovery_error(e)),
         // Transport, TLS, authentication and configuration errors: none carries a response body.
         other => other.to_string(),
+    }
+}
+
+fn discovery_error(e: &kube::error::DiscoveryError) -> &'static str {
+    use kube::error::DiscoveryError;
+    match e {
+        DiscoveryError::InvalidGroupVersion(_) => "the API server named an invalid group version",
+        DiscoveryError::MissingKind(_) => "the kind is not served",
+        DiscoveryError::MissingApiGroup(_) => "the API group is not served",
+        DiscoveryError::MissingResource(_) => "the resource is not served",
+        DiscoveryError::EmptyApiGroup(_) => "the API group serves no version",
     }
 }
 
@@ -46,7 +59,7 @@ pub fn watcher_error(e: &kube::runtime::watcher::Error) -> String {
         Error::WatchStartFailed(e) => format!("starting the watch failed: {}", kube_error(e)),
         Error::WatchError(status) => {
             let mut text = format!("the watch ended with {}", status.code);
-            if is_word(&status.reason) {
+            if is_known_reason(&status.reason) {
                 let _ = write!(text, " {}", status.reason);
             }
             text
@@ -56,9 +69,10 @@ pub fn watcher_error(e: &kube::runtime::watcher::Error) -> String {
     }
 }
 
-/// A Kubernetes reason such as `NotFound` or `Expired`: letters only, and short.
-fn is_word(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 40 && s.bytes().all(|b| b.is_ascii_alphabetic())
+/// A reason Kubernetes defines, such as `NotFound` or `Expired`: never free text (a server could
+/// put a value that is a plain word there).
+fn is_known_reason(s: &str) -> bool {
+    kube::core::response::reason::is_known(s)
 }
 
 #[cfg(test)]
@@ -82,8 +96,10 @@ mod tests {
             kube::core::Status::failure("secret hunter2 is invalid", "Invalid").with_code(422);
         let safe = kube_error(&kube::Error::Api(status.boxed()));
         assert_eq!(safe, "the API server answered 422 Invalid");
-        let status = kube::core::Status::failure("x", "hunter 2").with_code(500);
-        let safe = kube_error(&kube::Error::Api(status.boxed()));
-        assert_eq!(safe, "the API server answered 500");
+        for reason in ["hunter 2", "Hunter"] {
+            let status = kube::core::Status::failure("x", reason).with_code(500);
+            let safe = kube_error(&kube::Error::Api(status.boxed()));
+            assert_eq!(safe, "the API server answered 500");
+        }
     }
 }

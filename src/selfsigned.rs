@@ -97,14 +97,20 @@ impl SelfSignedConfig {
 /// Why the certificates could not be made current.
 #[derive(Debug, thiserror::Error)]
 pub enum SelfSignedError {
-    #[error("the certificate Secret {namespace}/{name}: {source}")]
+    #[error(
+        "the certificate Secret {namespace}/{name}: {}",
+        crate::redact::kube_error(source)
+    )]
     Secret {
         namespace: String,
         name: String,
         #[source]
         source: Box<kube::Error>,
     },
-    #[error("the MutatingWebhookConfiguration {name}: {source}")]
+    #[error(
+        "the MutatingWebhookConfiguration {name}: {}",
+        crate::redact::kube_error(source)
+    )]
     WebhookConfiguration {
         name: String,
         #[source]
@@ -114,6 +120,9 @@ pub enum SelfSignedError {
     Corrupt(String, String),
     #[error("cannot make a certificate: {0}")]
     Generate(#[from] rcgen::Error),
+    /// Not the parser's message: it can quote a line of the stored CA key.
+    #[error("the certificate Secret {0} holds a CA certificate or key that does not parse")]
+    UnusableCa(String),
     #[error("cannot write {}: {source}", path.display())]
     Write {
         path: PathBuf,
@@ -190,14 +199,18 @@ fn new_ca(validity: Duration) -> Result<(String, String), SelfSignedError> {
     Ok((cert.pem(), key.serialize_pem()))
 }
 
+/// A serving pair from the CA of Secret `secret`.
 fn issue(
+    secret: &str,
     ca_cert: &str,
     ca_key: &str,
     names: &[String],
     validity: Duration,
 ) -> Result<(String, String), SelfSignedError> {
-    let signer = KeyPair::from_pem(ca_key)?;
-    let issuer = Issuer::from_ca_cert_pem(ca_cert, signer)?;
+    // The parsers' messages can quote a line of the key: not passed on.
+    let unusable = |_| SelfSignedError::UnusableCa(secret.to_owned());
+    let signer = KeyPair::from_pem(ca_key).map_err(unusable)?;
+    let issuer = Issuer::from_ca_cert_pem(ca_cert, signer).map_err(unusable)?;
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(names.to_vec())?;
     params
@@ -237,7 +250,13 @@ fn names(config: &SelfSignedConfig) -> Vec<String> {
 
 fn fresh(config: &SelfSignedConfig) -> Result<State, SelfSignedError> {
     let (ca_cert, ca_key) = new_ca(config.ca_validity)?;
-    let (tls_cert, tls_key) = issue(&ca_cert, &ca_key, &names(config), config.cert_validity)?;
+    let (tls_cert, tls_key) = issue(
+        &config.secret_name,
+        &ca_cert,
+        &ca_key,
+        &names(config),
+        config.cert_validity,
+    )?;
     Ok(State {
         tls_issuer: fingerprint(&ca_cert),
         bundle: ca_cert.clone(),
@@ -282,6 +301,7 @@ fn next(
         && trusted.contains(state.ca_cert.trim())
     {
         let (tls_cert, tls_key) = issue(
+            name,
             &state.ca_cert,
             &state.ca_key,
             &names(config),

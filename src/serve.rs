@@ -961,9 +961,10 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
     // Before anything opens files or connections.
     let max_connections = size_connections(args.max_connections, AdminLimits::default())?;
-    let client = kube::Client::try_default()
+    let config = kube::Config::infer()
         .await
-        .map_err(RunError::Client)?;
+        .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
+    let client = crate::client::build(config).map_err(RunError::Client)?;
     let namespace = client.default_namespace().to_owned();
     let mut background = Vec::new();
     let keys = match &args.key_file {

@@ -139,16 +139,16 @@ fn fingerprint(cert_pem: &[u8], key_pem: &[u8]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
+/// The file is a private key or comes from a Secret: the reason names what is wrong, never a
+/// line or marker of the file.
 fn pem_error(path: &Path, error: pem::Error) -> TlsError {
     let reason = match error {
-        pem::Error::MissingSectionEnd { end_marker } => {
-            format!("missing \"{}\"", String::from_utf8_lossy(&end_marker))
-        }
-        pem::Error::IllegalSectionStart { line } => {
-            format!("malformed line \"{}\"", String::from_utf8_lossy(&line))
-        }
-        pem::Error::Base64Decode(reason) => format!("bad base64: {reason}"),
-        other => other.to_string(),
+        pem::Error::MissingSectionEnd { .. } => "a section has no END line".to_owned(),
+        pem::Error::IllegalSectionStart { .. } => "a malformed BEGIN line".to_owned(),
+        pem::Error::Base64Decode(_) => "a section is not valid base64".to_owned(),
+        pem::Error::SectionTooLarge => "a section is too large".to_owned(),
+        pem::Error::Io(e) => format!("reading failed: {}", e.kind()),
+        _ => "the PEM does not parse".to_owned(),
     };
     TlsError::Pem {
         path: path.to_owned(),

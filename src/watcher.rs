@@ -224,7 +224,7 @@ async fn watch_configs<K: ConfigObject>(
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(kind = K::KIND.as_str(), error = %e, "watch error; retrying");
+                tracing::warn!(kind = K::KIND.as_str(), error = %crate::redact::watcher_error(&e), "watch error; retrying");
                 continue;
             }
         };
@@ -295,7 +295,7 @@ async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(error = %e, "namespace watch error; retrying");
+                tracing::warn!(error = %crate::redact::watcher_error(&e), "namespace watch error; retrying");
                 continue;
             }
         };
@@ -384,7 +384,7 @@ async fn watch_workload_kinds(
                 }
                 Err(e) => {
                     if reported_absent.insert(kind.kind()) {
-                        tracing::info!(kind = kind.kind(), error = %e, "not served by this cluster; looking again later");
+                        tracing::info!(kind = kind.kind(), error = %crate::redact::kube_error(&e), "not served by this cluster; looking again later");
                         if tx
                             .send(Input::Synced(Stream::Workloads(kind)))
                             .await
@@ -429,7 +429,7 @@ async fn watch_workloads(
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(kind = kind.kind(), error = %e, "watch error; retrying");
+                tracing::warn!(kind = kind.kind(), error = %crate::redact::watcher_error(&e), "watch error; retrying");
                 continue;
             }
         };
@@ -1041,7 +1041,7 @@ impl State {
                 Err(TouchError::Gone) => metrics.touch("gone"),
                 Err(TouchError::Api(e)) => {
                     metrics.touch("error");
-                    tracing::warn!(workload = %key, error = %e, "touch failed; retrying");
+                    tracing::warn!(workload = %key, error = %crate::redact::kube_error(&e), "touch failed; retrying");
                     let at = retry(pending.attempt);
                     let _ = tx.send(Input::Retry(key, at, pending)).await;
                 }
@@ -1092,7 +1092,7 @@ async fn backfill(
                 return;
             }
             Err(e) => {
-                tracing::warn!(namespace, error = %e, "listing an opted-in namespace failed; retrying");
+                tracing::warn!(namespace, error = %crate::redact::kube_error(&e), "listing an opted-in namespace failed; retrying");
                 if tx.is_closed() {
                     return;
                 }
@@ -1222,6 +1222,6 @@ async fn record_event(
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &reference).await {
-        tracing::warn!(workload = %key, error = %e, "cannot record the Event");
+        tracing::warn!(workload = %key, error = %crate::redact::kube_error(&e), "cannot record the Event");
     }
 }

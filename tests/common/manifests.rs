@@ -1279,7 +1279,8 @@ pub async fn run_code_under_rbac(
     server.set_authorizer(Some(Authorizer::from_yaml(rbac).unwrap()));
     let mut config = server.config_with_token("confighash-token");
     config.default_namespace = own.into();
-    let client = kube::Client::try_from(config).unwrap();
+    // As `serve` builds it.
+    let client = confighash::client::build(config).unwrap();
 
     // RBAC is enforced: confighash may not write config.
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), APP);

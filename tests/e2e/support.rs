@@ -110,7 +110,9 @@ impl Env {
             "confighash-token",
             apiserver::user::UserInfo::service_account("confighash", "confighash"),
         );
-        let confighash = kube::Client::try_from(api.config_with_token("confighash-token")).unwrap();
+        // As `serve` builds it: behind the layer that withholds what the API server sent.
+        let confighash =
+            confighash::client::build(api.config_with_token("confighash-token")).unwrap();
         let certs = TestCerts::generate();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
@@ -144,9 +146,9 @@ impl Env {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
             .await
             .expect("a usable kubeconfig");
-        let client = kube::Client::try_from(config).expect("a client");
+        let client = kube::Client::try_from(config.clone()).expect("a client");
         Env {
-            confighash: client.clone(),
+            confighash: confighash::client::build(config).expect("a client"),
             client,
             api: None,
             metrics: Arc::new(Metrics::new()),
