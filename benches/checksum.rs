@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::hint::black_box;
 
-use confighash::checksum::{ObjectView, RefState, StampKey, compute_stamp};
-use confighash::refs::{ObjectKind, References, Selection};
+use confighash::core::checksum::{ObjectView, RefState, StampKey, compute_stamp};
+use confighash::core::refs::{ObjectKind, References, Selection};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

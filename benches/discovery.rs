@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::hint::black_box;
 
-use confighash::refs::{ObjectKind, ObjectRef, Selection, discover};
+use confighash::core::refs::{ObjectKind, ObjectRef, Selection, discover};
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::{Value, json};

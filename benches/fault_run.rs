@@ -25,8 +25,8 @@
 //! 4. Quiescence: polls, under a deadline, until every stamp equals its expected stamp, then runs
 //!    barriers (a sentinel ConfigMap and Secret whose sentinel Deployment must roll).
 //! 5. Checks, per workload: the stamp equals the expected stamp, computed here with
-//!    `confighash::checksum::compute_stamp` over the objects read back from the API server and the
-//!    references `confighash::refs::discover` finds in the read-back pod template; a workload whose
+//!    `confighash::core::checksum::compute_stamp` over the objects read back from the API server and the
+//!    references `confighash::core::refs::discover` finds in the read-back pod template; a workload whose
 //!    config really changed rolled at least once and at most once per change window in which it
 //!    changed (see [`allowed_rollouts`]); every other workload rolled zero times (the stand-in's
 //!    rollout accounting: pod-template transitions); and every rollout, as an in-process observer
@@ -51,10 +51,10 @@ use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
 use base64::Engine;
-use confighash::checksum::{ObjectView, RefState, StampKey, compute_stamp, is_ignored};
-use confighash::leader::{self, LeaderConfig, Leadership};
-use confighash::metrics::Metrics;
-use confighash::refs::{self, ObjectKind, ObjectRef, References, Selection};
+use confighash::admin::metrics::Metrics;
+use confighash::core::checksum::{ObjectView, RefState, StampKey, compute_stamp, is_ignored};
+use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
+use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
@@ -253,7 +253,7 @@ struct Workload {
     kind: Kind,
     name: String,
     manifest: Value,
-    /// The references of the manifest, as confighash::refs finds them.
+    /// The references of the manifest, as confighash::core::refs finds them.
     refs: References,
     /// The stamp the recipe gives at CREATE (model), and the one the webhook put on it.
     initial: String,

@@ -58,19 +58,17 @@ use std::time::{Duration, Instant};
 use apiserver::server::InjectedFault;
 use apiserver::{ApiServer, HttpsClient, TestCa};
 use base64::Engine;
-use confighash::admin::Health;
-use confighash::admission::Webhook;
-use confighash::checksum::StampKey;
-use confighash::key::KeyStore;
-use confighash::lookup::{self, Fetched, KubeSource};
-use confighash::metrics::Metrics;
-use confighash::rules::Lookup;
-use confighash::serve::{self, Running, ServeConfig};
-use confighash::tls::CertStore;
-use confighash::workload::{
-    self, Analysis, CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED,
-    WorkloadKind,
-};
+use confighash::admin::health::Health;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key::KeyStore;
+use confighash::core::checksum::StampKey;
+use confighash::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
+use confighash::core::rules::Lookup;
+use confighash::core::workload::{self, Analysis, WorkloadKind};
+use confighash::webhook::admission::Webhook;
+use confighash::webhook::lookup::{self, Fetched, KubeSource};
+use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash::webhook::tls::CertStore;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;

@@ -29,10 +29,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use confighash::checksum::StampKey;
-use confighash::key::KeyStore;
-use confighash::leader::Leadership;
-use confighash::metrics::Metrics;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key::KeyStore;
+use confighash::core::checksum::StampKey;
+use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
@@ -595,7 +595,7 @@ fn proc_status(path: &str) -> (u64, u64) {
 fn child_runtime() -> tokio::runtime::Runtime {
     // As `confighash serve` starts: the allocator set up, the ring provider, then a default
     // multi-threaded runtime. Every child starts this way, the baselines included.
-    confighash::memory::tune_allocator();
+    confighash::watcher::memory::tune_allocator();
     let _ = rustls::crypto::ring::default_provider().install_default();
     tokio::runtime::Runtime::new().expect("a runtime")
 }
@@ -853,9 +853,11 @@ mod heap {
 /// ConfigMaps and Secrets of opted-in namespaces only, once with all of them, as the watcher
 /// keeps them.
 fn child_index() {
-    use confighash::index::{ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey};
-    use confighash::refs::{ObjectKind, ObjectRef};
-    use confighash::workload::WorkloadKind;
+    use confighash::core::refs::{ObjectKind, ObjectRef};
+    use confighash::core::workload::WorkloadKind;
+    use confighash::watcher::index::{
+        ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
+    };
 
     let scale = Scale::from_env();
     let build = |namespaces: &[usize]| {

@@ -14,9 +14,9 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use confighash::admission::Webhook;
-use confighash::key::KeyStore;
-use confighash::metrics::Metrics;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key::KeyStore;
+use confighash::webhook::admission::Webhook;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::Value;
 
@@ -29,7 +29,7 @@ fn webhook() -> Webhook {
     Webhook::new(
         Arc::new(MemorySource::new()),
         Arc::new(KeyStore::new(
-            confighash::checksum::StampKey::new(KEY.to_vec()).expect("a long enough key"),
+            confighash::core::checksum::StampKey::new(KEY.to_vec()).expect("a long enough key"),
         )),
         Arc::new(Metrics::new()),
     )

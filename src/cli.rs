@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::checksum::{KeyError, StampKey};
+use crate::core::checksum::{KeyError, StampKey};
 use crate::offline::{self, InputError, Output, Source};
 
 #[derive(Debug, Parser)]
@@ -62,11 +62,11 @@ pub struct CertsArgs {
 }
 
 /// Runs `confighash certs`: the paths written.
-pub fn certs(args: &CertsArgs) -> Result<Vec<PathBuf>, crate::certs::CertsError> {
-    let mut names = crate::certs::service_names(&args.service, &args.namespace);
+pub fn certs(args: &CertsArgs) -> Result<Vec<PathBuf>, crate::certs::certificates::CertsError> {
+    let mut names = crate::certs::certificates::service_names(&args.service, &args.namespace);
     names.extend(args.names.iter().cloned());
-    let generated = crate::certs::generate(&names, 3650, 365)?;
-    crate::certs::write(&args.dir, &generated)
+    let generated = crate::certs::certificates::generate(&names, 3650, 365)?;
+    crate::certs::certificates::write(&args.dir, &generated)
 }
 
 #[derive(Debug, Args)]
@@ -121,7 +121,7 @@ pub struct ServeArgs {
     /// Lowered at start, with a warning, when it does not fit under the open-file limit (raised
     /// to the hard limit first) with the admin port's 64 connections and 256 files kept aside.
     /// With --client-ca-file, half of it is reserved for clients with a valid certificate.
-    #[arg(long, env = "CONFIGHASH_MAX_CONNECTIONS", value_name = "N", default_value_t = crate::serve::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    #[arg(long, env = "CONFIGHASH_MAX_CONNECTIONS", value_name = "N", default_value_t = crate::webhook::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
     pub max_connections: usize,
     /// Require of the webhook's clients a certificate signed by this CA (PEM; several
     /// certificates are all trusted), re-read when it changes. Clients with one get connection
@@ -133,7 +133,7 @@ pub struct ServeArgs {
     pub lookup_deadline: Duration,
     /// Distinct ConfigMaps and Secrets a workload may reference. Over it nothing is read and the
     /// workload is marked `confighash.dev/unstamped: too-many-references` (never retried).
-    #[arg(long, env = "CONFIGHASH_MAX_REFERENCES", value_name = "N", default_value_t = crate::admission::DEFAULT_MAX_REFERENCES, value_parser = parse_max_references)]
+    #[arg(long, env = "CONFIGHASH_MAX_REFERENCES", value_name = "N", default_value_t = crate::webhook::admission::DEFAULT_MAX_REFERENCES, value_parser = parse_max_references)]
     pub max_references: usize,
     /// Namespaces whose objects the webhook never reads and the watcher never touches, besides
     /// `kube-system` and confighash's own (comma separated; the webhook configuration should
@@ -189,7 +189,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_WEBHOOK_CONFIGURATION",
         value_name = "NAME",
-        default_value = crate::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION,
+        default_value = crate::certs::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION,
         value_parser = parse_object_name
     )]
     pub webhook_configuration: String,
@@ -199,7 +199,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_SERVICE",
         value_name = "NAME",
-        default_value = crate::selfsigned::DEFAULT_SERVICE,
+        default_value = crate::certs::selfsigned::DEFAULT_SERVICE,
         value_parser = parse_object_name
     )]
     pub service: String,
@@ -209,7 +209,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_CERTS_SECRET",
         value_name = "NAME",
-        default_value = crate::selfsigned::DEFAULT_SECRET_NAME,
+        default_value = crate::certs::selfsigned::DEFAULT_SECRET_NAME,
         value_parser = parse_object_name
     )]
     pub certs_secret: String,
@@ -218,7 +218,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_LEASE",
         value_name = "NAME",
-        default_value = crate::leader::DEFAULT_LEASE_NAME,
+        default_value = crate::watcher::leader::DEFAULT_LEASE_NAME,
         value_parser = parse_object_name
     )]
     pub lease: String,
@@ -253,7 +253,7 @@ fn parse_max_references(s: &str) -> Result<usize, String> {
 
 fn parse_namespace(s: &str) -> Result<String, String> {
     let s = s.trim();
-    if crate::refs::is_namespace_name(s) {
+    if crate::core::refs::is_namespace_name(s) {
         Ok(s.to_owned())
     } else {
         Err(format!("{s:?} is not a namespace name (a DNS-1123 label)"))
@@ -263,7 +263,7 @@ fn parse_namespace(s: &str) -> Result<String, String> {
 /// The name of an object confighash writes: a DNS-1123 subdomain, which every kind it writes
 /// (Secret, Lease, Service, MutatingWebhookConfiguration) accepts.
 fn parse_object_name(s: &str) -> Result<String, String> {
-    if crate::refs::is_object_name(s) {
+    if crate::core::refs::is_object_name(s) {
         Ok(s.to_owned())
     } else {
         Err(format!(

@@ -1,28 +1,25 @@
 //! confighash: roll Kubernetes workloads when the ConfigMaps and Secrets they use change.
 //!
-//! The pure core (reference discovery, the checksum recipe, the stamp rules and the patch) has no
-//! Kubernetes client in it; the webhook, the watcher and the offline `stamp` command all call it.
+//! One folder per part; each part's `mod.rs` says what it does and what it must not reach:
+//!
+//! - [`core`]: reference discovery, the checksum recipe, the stamp rules, the patch and the
+//!   contract's names. Pure: no Kubernetes client, no clock, no I/O. Every other part calls it.
+//! - [`offline`]: `confighash stamp`, the core over YAML files.
+//! - [`webhook`]: the mutating admission webhook: reviews, lookups, TLS and the connection limits.
+//! - [`watcher`]: re-touches workloads when their config changes; leader election.
+//! - [`certs`]: the stamp key and the webhook's certificates.
+//! - [`admin`]: the admin port (health) and the metrics.
+//! - [`cluster`]: the Kubernetes client every part that talks to the API server uses, and the
+//!   redaction of what it answers.
+//! - [`app`]: the composition root: `confighash serve` wired from its configuration.
+//! - [`cli`]: the command line.
 
 pub mod admin;
-pub mod admission;
+pub mod app;
 pub mod certs;
-pub mod checksum;
 pub mod cli;
-pub mod client;
-pub mod index;
-pub mod key;
-pub mod leader;
-pub mod lookup;
-pub mod memory;
-pub mod metrics;
+pub mod cluster;
+pub mod core;
 pub mod offline;
-pub mod pace;
-pub mod patch;
-pub mod redact;
-pub mod refs;
-pub mod rules;
-pub mod selfsigned;
-pub mod serve;
-pub mod tls;
 pub mod watcher;
-pub mod workload;
+pub mod webhook;

@@ -49,7 +49,7 @@ fn stamp(args: &cli::StampArgs) -> ExitCode {
 
 fn serve(args: cli::ServeArgs) -> ExitCode {
     // Before any thread starts: the watcher's lists pass large blocks through the allocator.
-    confighash::memory::tune_allocator();
+    confighash::watcher::memory::tune_allocator();
     let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
         Ok(f) => f,
         Err(e) => {
@@ -78,7 +78,7 @@ fn serve(args: cli::ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(confighash::serve::run(args)) {
+    match runtime.block_on(confighash::app::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "confighash serve failed");

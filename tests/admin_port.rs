@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use apiserver::{ApiServer, TestCa};
-use confighash::serve::{AdminLimits, Limits};
+use confighash::webhook::server::{AdminLimits, Limits};
 use ports::{DEADLINE, Http, closed_within, open_silent, probe, read_to_close};
 use serde_json::Value;
 use tokio::net::TcpStream;

@@ -241,9 +241,10 @@ struct CertStates {
 
 impl CertStates {
     fn new() -> Self {
-        let names = confighash::certs::service_names("confighash", INSTALL_NS);
+        let names = confighash::certs::certificates::service_names("confighash", INSTALL_NS);
         let state = |days: u32| {
-            let g = confighash::certs::generate(&names, 3650, days).expect("certificates");
+            let g = confighash::certs::certificates::generate(&names, 3650, days)
+                .expect("certificates");
             let issuer = hex::encode(sha2::Sha256::digest(g.ca_cert_pem.trim().as_bytes()));
             BTreeMap::from([
                 ("ca.crt".to_owned(), g.ca_cert_pem.clone()),
@@ -930,8 +931,8 @@ async fn no_secret_byte_reaches_a_log_line_whatever_the_api_server_answers() {
             "kube_client",
             "kube_runtime::watcher",
             "confighash::watcher",
-            "confighash::admission",
-            "confighash::client",
+            "confighash::webhook::admission",
+            "confighash::cluster::client",
         ],
     );
 
@@ -996,7 +997,11 @@ async fn no_secret_byte_reaches_a_log_line_whatever_the_api_server_answers() {
     let all = check_logs(&logs);
     assert_non_trivial(
         &all,
-        &["kube_client", "confighash::key", "confighash::client"],
+        &[
+            "kube_client",
+            "confighash::certs::key",
+            "confighash::cluster::client",
+        ],
     );
 }
 
@@ -1050,7 +1055,7 @@ async fn a_conforming_api_servers_answers_pass_the_layer() {
         .unwrap();
     let mut config = server.config();
     config.default_namespace = APP_NS.into();
-    let client = confighash::client::build(config).unwrap();
+    let client = confighash::cluster::client::build(config).unwrap();
 
     // Secrets: create, get, create again (409), replace, list, delete, absent.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), APP_NS);
@@ -1180,11 +1185,11 @@ async fn a_conforming_api_servers_answers_pass_the_layer() {
     let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
     let withheld: Vec<&str> = logs
         .lines()
-        .filter(|l| l.contains("WARN") && l.contains("confighash::client"))
+        .filter(|l| l.contains("WARN") && l.contains("confighash::cluster::client"))
         .collect();
     assert!(withheld.is_empty(), "answers were withheld:\n{withheld:#?}");
     assert!(
-        logs.contains("confighash::client"),
+        logs.contains("confighash::cluster::client"),
         "the layer saw the 404 and 409 answers"
     );
 }

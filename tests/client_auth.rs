@@ -14,8 +14,8 @@ use std::time::Duration;
 use apiserver::{ServingPair, TestCa};
 use clap::Parser;
 use confighash::cli::{Cli, Command};
-use confighash::serve::{Limits, reserved_connections};
-use confighash::tls::{ClientCaStore, TlsError};
+use confighash::webhook::server::{Limits, reserved_connections};
+use confighash::webhook::tls::{ClientCaStore, TlsError};
 use ports::{DEADLINE, Http, Server, closed_within, open_silent, read_to_close};
 use tokio::time::Instant;
 

@@ -18,8 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use confighash::leader::LeaderConfig;
-use confighash::selfsigned::SelfSignedConfig;
+use confighash::certs::selfsigned::SelfSignedConfig;
+use confighash::watcher::leader::LeaderConfig;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::networking::v1::NetworkPolicy;

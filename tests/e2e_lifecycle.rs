@@ -8,9 +8,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use confighash::checksum::StampKey;
-use confighash::leader::{self, LeaderConfig, Leadership};
-use confighash::metrics::Metrics;
+use confighash::admin::metrics::Metrics;
+use confighash::core::checksum::StampKey;
+use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;

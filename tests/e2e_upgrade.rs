@@ -16,12 +16,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use confighash::checksum::{self, ObjectView, RefState, Stamp, StampKey};
-use confighash::leader::{self, LeaderConfig};
-use confighash::metrics::Metrics;
-use confighash::refs::{ObjectKind, ObjectRef};
+use confighash::admin::metrics::Metrics;
+use confighash::core::checksum::{self, ObjectView, RefState, Stamp, StampKey};
+use confighash::core::refs::{ObjectKind, ObjectRef};
+use confighash::core::workload::{self, Analysis, WorkloadKind};
+use confighash::watcher::leader::{self, LeaderConfig};
 use confighash::watcher::{self, WatcherConfig};
-use confighash::workload::{self, Analysis, WorkloadKind};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};

@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use confighash::core::refs;
 use confighash::offline::Source;
-use confighash::refs;
 
 #[path = "../fuzz/src/lib.rs"]
 mod fuzz_checks;

@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use apiserver::ApiServer;
 use base64::Engine;
-use confighash::admission::{DEFAULT_MAX_REFERENCES, Webhook};
-use confighash::checksum::StampKey;
-use confighash::key::KeyStore;
-use confighash::lookup::{ConfigSource, Fetched, KubeSource, MemoryBudget};
-use confighash::metrics::Metrics;
-use confighash::refs::ObjectRef;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key::KeyStore;
+use confighash::core::checksum::StampKey;
+use confighash::core::refs::ObjectRef;
+use confighash::webhook::admission::{DEFAULT_MAX_REFERENCES, Webhook};
+use confighash::webhook::lookup::{ConfigSource, Fetched, KubeSource, MemoryBudget};
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, PostParams};

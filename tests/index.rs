@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use confighash::checksum::{self, ObjectView, RefState, StampKey};
-use confighash::index::{ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey};
-use confighash::refs::{ObjectKind, ObjectRef, References, Selection};
-use confighash::rules::Lookup;
-use confighash::workload::WorkloadKind;
+use confighash::core::checksum::{self, ObjectView, RefState, StampKey};
+use confighash::core::refs::{ObjectKind, ObjectRef, References, Selection};
+use confighash::core::rules::Lookup;
+use confighash::core::workload::WorkloadKind;
+use confighash::watcher::index::{
+    ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
+};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::ObjectMeta;
@@ -76,7 +78,7 @@ fn upsert_reports_only_changes_the_recipe_sees() {
     // The ignore annotation added.
     let mut ignored = config_map("app", "4", &[("a", "2")]);
     ignored.metadata.annotations = Some(BTreeMap::from([(
-        checksum::IGNORE_ANNOTATION.to_owned(),
+        confighash::core::names::IGNORE_ANNOTATION.to_owned(),
         "true".to_owned(),
     )]));
     assert!(store.upsert(key.clone(), stored(&ignored)));

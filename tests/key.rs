@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use apiserver::ApiServer;
-use confighash::checksum::StampKey;
-use confighash::key::{self, KeyLoadError, KeyStore};
+use confighash::certs::key::{self, KeyLoadError, KeyStore};
+use confighash::core::checksum::StampKey;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::Client;

@@ -4,7 +4,7 @@
 use std::time::{Duration, SystemTime};
 
 use apiserver::ApiServer;
-use confighash::leader::{self, ConfigError, LeaderConfig, Leadership};
+use confighash::watcher::leader::{self, ConfigError, LeaderConfig, Leadership};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;

@@ -1,8 +1,8 @@
 //! The JSONPatch builder: applying its patch to real-looking workloads gives exactly the expected
 //! object, touching nothing but the stamp and the marker.
 
-use confighash::patch;
-use confighash::workload::WorkloadKind;
+use confighash::core::patch;
+use confighash::core::workload::WorkloadKind;
 use serde_json::{Value, json};
 
 const STAMP: &str = "v2:plain:8a197cfb21e9aa6bbcf94cf7eae326632e2e20d00aa81064c1ed75590e8bf482";

@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use confighash::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
-use confighash::refs::{ObjectKind, ObjectRef, References, Selection};
+use confighash::core::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
+use confighash::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 

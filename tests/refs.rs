@@ -3,11 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use confighash::refs::{
-    self, EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION, ObjectKind, ObjectRef, References,
-    Selection,
-};
-use confighash::workload::{self, Analysis, WorkloadInfo, WorkloadKind};
+use confighash::core::names::{EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION};
+use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
+use confighash::core::workload::{self, Analysis, WorkloadInfo, WorkloadKind};
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection,
     ConfigMapVolumeSource, Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource,

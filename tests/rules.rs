@@ -1,9 +1,11 @@
 //! The stamp rules of DESIGN "When a stamp changes", one table row per case, and the upgrade
 //! from recipe v1 as properties over sequences of events.
 
-use confighash::checksum::{self, Recipe, Stamp, StampKey};
-use confighash::refs::{ObjectKind, References, Selection};
-use confighash::rules::{Current, Decision, Lookup, Options, Outcome, Trigger, decide, needs_v1};
+use confighash::core::checksum::{self, Recipe, Stamp, StampKey};
+use confighash::core::refs::{ObjectKind, References, Selection};
+use confighash::core::rules::{
+    Current, Decision, Lookup, Options, Outcome, Trigger, decide, needs_v1,
+};
 use proptest::prelude::*;
 
 fn key() -> StampKey {

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use apiserver::{ServingPair, TestCa};
-use confighash::certs;
-use confighash::tls::{CertStore, TlsError, load_pair};
+use confighash::certs::certificates;
+use confighash::webhook::tls::{CertStore, TlsError, load_pair};
 use hyper::body::{Body as _, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -584,12 +584,12 @@ async fn not_after_is_the_leafs() {
 
 #[tokio::test]
 async fn generated_certificates_verify_for_every_service_name() {
-    let mut names = certs::service_names("confighash", "confighash");
+    let mut names = certificates::service_names("confighash", "confighash");
     names.push("127.0.0.1".to_owned());
-    let generated = certs::generate(&names, 30, 7).expect("generate");
+    let generated = certificates::generate(&names, 30, 7).expect("generate");
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("local");
-    let written = certs::write(&out, &generated).expect("write");
+    let written = certificates::write(&out, &generated).expect("write");
     let file_names: Vec<_> = written
         .iter()
         .map(|p| {
@@ -625,7 +625,7 @@ async fn generated_certificates_verify_for_every_service_name() {
     assert!(err.to_string().contains("certificate"), "{err}");
 
     // A client trusting another CA refuses the server.
-    let stranger = certs::generate(&names, 30, 7).expect("generate");
+    let stranger = certificates::generate(&names, 30, 7).expect("generate");
     let err = connect(
         server.addr,
         default_client(&stranger.ca_cert_pem),
@@ -638,14 +638,14 @@ async fn generated_certificates_verify_for_every_service_name() {
 
 #[test]
 fn write_refuses_to_overwrite() {
-    let names = certs::service_names("confighash", "confighash");
-    let first = certs::generate(&names, 30, 7).expect("generate");
-    let second = certs::generate(&names, 30, 7).expect("generate");
+    let names = certificates::service_names("confighash", "confighash");
+    let first = certificates::generate(&names, 30, 7).expect("generate");
+    let second = certificates::generate(&names, 30, 7).expect("generate");
     let dir = tempfile::tempdir().expect("tempdir");
 
-    certs::write(dir.path(), &first).expect("the first write");
-    let err = certs::write(dir.path(), &second).expect_err("a second write");
-    assert!(matches!(err, certs::CertsError::Exists { .. }), "{err}");
+    certificates::write(dir.path(), &first).expect("the first write");
+    let err = certificates::write(dir.path(), &second).expect_err("a second write");
+    assert!(matches!(err, certificates::CertsError::Exists { .. }), "{err}");
     assert!(err.to_string().contains("ca.crt"), "{err}");
     assert!(err.to_string().contains("already exists"), "{err}");
     let on_disk = std::fs::read_to_string(dir.path().join("tls.key")).expect("tls.key");
@@ -654,7 +654,7 @@ fn write_refuses_to_overwrite() {
     // One file in the way: nothing at all is written.
     let other = tempfile::tempdir().expect("tempdir");
     std::fs::write(other.path().join("tls.key"), "mine").expect("write");
-    let err = certs::write(other.path(), &second).expect_err("tls.key is in the way");
+    let err = certificates::write(other.path(), &second).expect_err("tls.key is in the way");
     assert!(err.to_string().contains("tls.key"), "{err}");
     for name in ["ca.crt", "ca.key", "tls.crt"] {
         assert!(!other.path().join(name).exists(), "{name} was written");
@@ -710,7 +710,7 @@ async fn openssl_recipe_in_certs_readme_works() {
     let server = Server::start(&store).await;
     let ca_pem = std::fs::read_to_string(local.join("ca.crt")).expect("ca.crt");
     let client = default_client(&ca_pem);
-    let mut names = certs::service_names("confighash", "confighash");
+    let mut names = certificates::service_names("confighash", "confighash");
     names.push("127.0.0.1".to_owned());
     for name in &names {
         let tls = connect(server.addr, client.clone(), name)

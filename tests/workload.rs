@@ -1,7 +1,7 @@
 //! Workload helpers the webhook uses on UPDATE: the old object's stamp and marker, and whether
 //! the template changed apart from the stamp.
 
-use confighash::workload::{self, WorkloadKind};
+use confighash::core::workload::{self, WorkloadKind};
 use serde_json::{Value, json};
 
 fn deployment(template_metadata: Value, image: &str) -> Value {

@@ -3,10 +3,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use base64::Engine;
-use confighash::checksum::StampKey;
-use confighash::lookup::{ConfigSource, Fetched, MemoryBudget};
-use confighash::refs::{ObjectKind, ObjectRef};
-use confighash::workload::{self, Analysis, WorkloadKind};
+use confighash::core::checksum::StampKey;
+use confighash::core::refs::{ObjectKind, ObjectRef};
+use confighash::core::workload::{self, Analysis, WorkloadKind};
+use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};

@@ -5,7 +5,7 @@
 
 use std::sync::LazyLock;
 
-use confighash::admission::Webhook;
+use confighash::webhook::admission::Webhook;
 use confighash_fuzz::{check_admission, runtime, webhook};
 use libfuzzer_sys::fuzz_target;
 use tokio::runtime::Runtime;

@@ -11,17 +11,15 @@ use std::time::Duration;
 
 use axum::response::IntoResponse;
 use base64::Engine;
-use confighash::admission::{BadRequest, Webhook};
-use confighash::checksum::{self, ObjectDigest, Recipe, RefState, StampKey, Tag};
-use confighash::key::KeyStore;
-use confighash::lookup::{ConfigSource, Fetched, MemoryBudget};
-use confighash::metrics::Metrics;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key::KeyStore;
+use confighash::core::checksum::{self, ObjectDigest, Recipe, RefState, StampKey, Tag};
+use confighash::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
+use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
+use confighash::core::workload::{self, Analysis, WorkloadKind};
 use confighash::offline::{self, InputError, Source};
-use confighash::refs::{self, ObjectKind, ObjectRef, References, Selection};
-use confighash::workload::{
-    self, Analysis, CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED,
-    WorkloadKind,
-};
+use confighash::webhook::admission::{BadRequest, Webhook};
+use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, PodSpec, Secret};
@@ -54,7 +52,10 @@ impl NameSource {
         let metadata = ObjectMeta {
             name: Some(name.to_owned()),
             annotations: name.contains("ignored").then(|| {
-                BTreeMap::from([(checksum::IGNORE_ANNOTATION.to_owned(), "true".to_owned())])
+                BTreeMap::from([(
+                    confighash::core::names::IGNORE_ANNOTATION.to_owned(),
+                    "true".to_owned(),
+                )])
             }),
             ..ObjectMeta::default()
         };
@@ -394,8 +395,14 @@ fn model(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) -> Refe
         }
     }
     for (annotation, kind) in [
-        (refs::EXTRA_CONFIGMAPS_ANNOTATION, ObjectKind::ConfigMap),
-        (refs::EXTRA_SECRETS_ANNOTATION, ObjectKind::Secret),
+        (
+            confighash::core::names::EXTRA_CONFIGMAPS_ANNOTATION,
+            ObjectKind::ConfigMap,
+        ),
+        (
+            confighash::core::names::EXTRA_SECRETS_ANNOTATION,
+            ObjectKind::Secret,
+        ),
     ] {
         let value = annotations.and_then(|a| a.get(annotation));
         for name in value.into_iter().flat_map(|v| v.split(',')).map(str::trim) {
@@ -441,8 +448,14 @@ fn model(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) -> Refe
 fn model_rejected(annotations: Option<&BTreeMap<String, String>>) -> Vec<ObjectRef> {
     let mut rejected: Vec<ObjectRef> = Vec::new();
     for (annotation, kind) in [
-        (refs::EXTRA_CONFIGMAPS_ANNOTATION, ObjectKind::ConfigMap),
-        (refs::EXTRA_SECRETS_ANNOTATION, ObjectKind::Secret),
+        (
+            confighash::core::names::EXTRA_CONFIGMAPS_ANNOTATION,
+            ObjectKind::ConfigMap,
+        ),
+        (
+            confighash::core::names::EXTRA_SECRETS_ANNOTATION,
+            ObjectKind::Secret,
+        ),
     ] {
         let value = annotations.and_then(|a| a.get(annotation));
         for name in value.into_iter().flat_map(|v| v.split(',')).map(str::trim) {

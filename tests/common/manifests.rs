@@ -24,15 +24,16 @@ use apiserver::rbac::{Authorizer, RequestAttributes};
 use apiserver::selectors::LabelSelector;
 use apiserver::user::UserInfo;
 use clap::Parser;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key;
+use confighash::certs::selfsigned::{self, SelfSignedConfig};
 use confighash::cli::{Cli, Command, ServeArgs};
-use confighash::key;
-use confighash::leader::{self, LeaderConfig};
-use confighash::lookup::{ConfigSource, KubeSource};
-use confighash::metrics::Metrics;
-use confighash::refs::{ObjectKind, ObjectRef};
-use confighash::selfsigned::{self, SelfSignedConfig};
+use confighash::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL};
+use confighash::core::refs::{ObjectKind, ObjectRef};
+use confighash::core::workload::WorkloadKind;
+use confighash::watcher::leader::{self, LeaderConfig};
 use confighash::watcher::{self, WatcherConfig};
-use confighash::workload::{CHECKSUM_ANNOTATION, ENABLED_LABEL, WorkloadKind};
+use confighash::webhook::lookup::{ConfigSource, KubeSource};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -979,20 +980,20 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
     let key = Some(install.key_secret.as_str());
     let lease = Some(install.name.as_str());
     let mut reqs = vec![
-        // src/key.rs: read the key Secret, create it when absent, watch it by name (list and
+        // src/certs/key.rs: read the key Secret, create it when absent, watch it by name (list and
         // watch with a metadata.name field selector carry that name).
         req("get", "", "secrets", own, key),
         req("create", "", "secrets", own, None),
         req("list", "", "secrets", own, key),
         req("watch", "", "secrets", own, key),
-        // src/leader.rs: read the Lease, create it, renew, take over and release it by update.
+        // src/watcher/leader.rs: read the Lease, create it, renew, take over and release it by update.
         req("get", LEASES, "leases", own, lease),
         req("create", LEASES, "leases", own, None),
         req("update", LEASES, "leases", own, lease),
-        // src/lookup.rs: the webhook reads referenced objects.
+        // src/webhook/lookup.rs: the webhook reads referenced objects.
         req("get", "", "configmaps", app, Some("app-env")),
         req("get", "", "secrets", app, Some("db")),
-        // src/watcher.rs: cluster-wide watches of ConfigMaps, Secrets and Namespaces.
+        // src/watcher/mod.rs: cluster-wide watches of ConfigMaps, Secrets and Namespaces.
         req("list", "", "configmaps", None, None),
         req("watch", "", "configmaps", None, None),
         req("list", "", "secrets", None, None),
@@ -1003,7 +1004,7 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
         req("create", EVENTS, "events", app, None),
         req("patch", EVENTS, "events", app, Some("web.17a2b3c4d5e6f708")),
     ];
-    // src/watcher.rs: watch every workload kind, touch one with a merge patch.
+    // src/watcher/mod.rs: watch every workload kind, touch one with a merge patch.
     for (group, resource) in workload_resources() {
         reqs.push(req("list", group, resource, None, None));
         reqs.push(req("watch", group, resource, None, None));
@@ -1012,7 +1013,7 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
     reqs
 }
 
-/// The requests of `--self-signed-certs` (src/selfsigned.rs): read, create (as the key does)
+/// The requests of `--self-signed-certs` (src/certs/selfsigned.rs): read, create (as the key does)
 /// and replace its Secret; read the webhook configuration and JSON-patch its caBundle.
 pub fn self_signed_requests(install: &Install) -> Vec<Req> {
     let own = Some(install.namespace.as_str());
@@ -1280,7 +1281,7 @@ pub async fn run_code_under_rbac(
     let mut config = server.config_with_token("confighash-token");
     config.default_namespace = own.into();
     // As `serve` builds it.
-    let client = confighash::client::build(config).unwrap();
+    let client = confighash::cluster::client::build(config).unwrap();
 
     // RBAC is enforced: confighash may not write config.
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), APP);
@@ -1415,7 +1416,7 @@ pub async fn run_code_under_rbac(
         ObjectRef::new(ObjectKind::ConfigMap, "app-env"),
         ObjectRef::new(ObjectKind::Secret, "db"),
     ] {
-        let budget = confighash::lookup::MemoryBudget::new(1 << 20);
+        let budget = confighash::webhook::lookup::MemoryBudget::new(1 << 20);
         let fetched = source.fetch(APP, &object, &budget).await;
         assert!(matches!(fetched, Ok(Some(_))), "{object}: {fetched:?}");
     }

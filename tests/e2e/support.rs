@@ -13,16 +13,16 @@ use std::time::Duration;
 
 use apiserver::{ApiServer, TestCerts};
 use base64::Engine;
-use confighash::admin::Health;
-use confighash::admission::Webhook;
-use confighash::checksum::StampKey;
-use confighash::key::KeyStore;
-use confighash::leader::Leadership;
-use confighash::lookup::KubeSource;
-use confighash::metrics::Metrics;
-use confighash::serve::{self, Running, ServeConfig};
-use confighash::tls::CertStore;
+use confighash::admin::health::Health;
+use confighash::admin::metrics::Metrics;
+use confighash::certs::key::KeyStore;
+use confighash::core::checksum::StampKey;
+use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
+use confighash::webhook::admission::Webhook;
+use confighash::webhook::lookup::KubeSource;
+use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash::webhook::tls::CertStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -112,7 +112,7 @@ impl Env {
         );
         // As `serve` builds it: behind the layer that withholds what the API server sent.
         let confighash =
-            confighash::client::build(api.config_with_token("confighash-token")).unwrap();
+            confighash::cluster::client::build(api.config_with_token("confighash-token")).unwrap();
         let certs = TestCerts::generate();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
@@ -148,7 +148,7 @@ impl Env {
             .expect("a usable kubeconfig");
         let client = kube::Client::try_from(config.clone()).expect("a client");
         Env {
-            confighash: confighash::client::build(config).expect("a client"),
+            confighash: confighash::cluster::client::build(config).expect("a client"),
             client,
             api: None,
             metrics: Arc::new(Metrics::new()),

@@ -305,7 +305,7 @@ pub struct ReleaseError(pub kube::Error);
 
 impl std::fmt::Display for ReleaseError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&crate::redact::kube_error(&self.0))
+        f.write_str(&crate::cluster::redact::kube_error(&self.0))
     }
 }
 
@@ -434,7 +434,7 @@ impl Elector {
                     tracing::debug!("another replica wrote the leader lease first");
                 }
                 Ok(Err(error)) => {
-                    tracing::warn!(error = %crate::redact::kube_error(&error), "could not acquire the leader lease");
+                    tracing::warn!(error = %crate::cluster::redact::kube_error(&error), "could not acquire the leader lease");
                 }
                 Err(_) => tracing::warn!("acquiring the leader lease timed out"),
             }
@@ -475,7 +475,7 @@ impl Elector {
                     retried_conflict = true;
                 }
                 Ok(Err(error)) => tracing::warn!(
-                    error = %crate::redact::kube_error(&error),
+                    error = %crate::cluster::redact::kube_error(&error),
                     "could not renew the leader lease"
                 ),
                 Err(_) => {

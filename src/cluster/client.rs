@@ -74,7 +74,7 @@ use kube::core::Status;
 use serde::de::DeserializeOwned;
 use tower::{BoxError, Layer, Service};
 
-use crate::workload::WorkloadKind;
+use crate::core::workload::WorkloadKind;
 
 /// The largest success body read of a request that is not a watch. The watcher lists 50
 /// objects a page.

@@ -7,9 +7,8 @@ use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
 use jsonptr::PointerBuf;
 use serde_json::Value;
 
-use crate::workload::{
-    CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED, WorkloadKind,
-};
+use crate::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
+use crate::core::workload::WorkloadKind;
 
 /// Why no patch could be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

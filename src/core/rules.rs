@@ -15,7 +15,7 @@
 //! by the v2 stamp when stale, so upgrading rolls nothing and a config change made during the
 //! upgrade still rolls once. A real template change (which rolls the pods anyway) writes v2.
 
-use crate::checksum::{Recipe, Stamp, is_current};
+use crate::core::checksum::{Recipe, Stamp, is_current};
 
 /// What the stamp on a workload currently is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

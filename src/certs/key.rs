@@ -8,6 +8,7 @@
 //!
 //! The key itself is never logged: only its id (first 8 hex digits of its SHA-256).
 
+use crate::core::names::{DESCRIPTION_ANNOTATION, FIELD_MANAGER, NAME_LABEL};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,19 +21,13 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
-use crate::checksum::{self, KeyError, StampKey};
-use crate::refs::References;
+use crate::core::checksum::{self, KeyError, StampKey};
+use crate::core::refs::References;
 
 /// The Secret data key that holds the checksum key.
 pub const SECRET_DATA_KEY: &str = "key";
 /// Length of a key confighash generates.
 pub const GENERATED_KEY_LEN: usize = 32;
-/// Field manager of confighash's own writes.
-const FIELD_MANAGER: &str = "confighash";
-/// Label put on a Secret confighash creates.
-const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "confighash");
-/// Annotation put on a Secret confighash creates, saying what it is.
-const DESCRIPTION_ANNOTATION: &str = "confighash.dev/description";
 const DESCRIPTION: &str = "HMAC key of confighash checksum stamps (confighash.dev/checksum), \
      created by confighash. Replacing data key `key` makes every replica reload it; workloads get \
      stamps with the new key id at their next real change.";
@@ -104,7 +99,7 @@ pub enum KeyLoadError {
     },
     #[error(
         "cannot {action} the checksum key Secret {namespace}/{name} (after {attempts} attempt(s)): {}",
-        crate::redact::kube_error(source)
+        crate::cluster::redact::kube_error(source)
     )]
     Api {
         action: &'static str,
@@ -181,7 +176,7 @@ pub async fn from_secret(
                     namespace,
                     secret = name,
                     attempt,
-                    error = %crate::redact::kube_error(&source),
+                    error = %crate::cluster::redact::kube_error(&source),
                     "cannot {action} the checksum key Secret yet; retrying"
                 );
                 tokio::time::sleep(backoff).await;
@@ -345,7 +340,7 @@ pub async fn watch_secret(
                 Err(e) => tracing::warn!(
                     namespace = %watch.namespace,
                     secret = %watch.name,
-                    error = %crate::redact::watcher_error(&e),
+                    error = %crate::cluster::redact::watcher_error(&e),
                     "watch of the checksum key Secret failed; retrying"
                 ),
             }

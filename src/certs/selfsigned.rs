@@ -99,7 +99,7 @@ impl SelfSignedConfig {
 pub enum SelfSignedError {
     #[error(
         "the certificate Secret {namespace}/{name}: {}",
-        crate::redact::kube_error(source)
+        crate::cluster::redact::kube_error(source)
     )]
     Secret {
         namespace: String,
@@ -109,7 +109,7 @@ pub enum SelfSignedError {
     },
     #[error(
         "the MutatingWebhookConfiguration {name}: {}",
-        crate::redact::kube_error(source)
+        crate::cluster::redact::kube_error(source)
     )]
     WebhookConfiguration {
         name: String,
@@ -245,7 +245,7 @@ fn validity(pem: &str, secret: &str) -> Result<(SystemTime, SystemTime), SelfSig
 }
 
 fn names(config: &SelfSignedConfig) -> Vec<String> {
-    crate::certs::service_names(&config.service, &config.namespace)
+    crate::certs::certificates::service_names(&config.service, &config.namespace)
 }
 
 fn fresh(config: &SelfSignedConfig) -> Result<State, SelfSignedError> {
@@ -337,7 +337,7 @@ pub async fn ensure(
         source: Box::new(e),
     };
     let post = PostParams {
-        field_manager: Some(crate::watcher::FIELD_MANAGER.to_owned()),
+        field_manager: Some(crate::core::names::FIELD_MANAGER.to_owned()),
         ..Default::default()
     };
     for _ in 0..10 {
@@ -434,7 +434,7 @@ async fn publish_bundle(
             SelfSignedError::Corrupt(config.webhook_configuration.clone(), e.to_string())
         })?;
     let params = PatchParams {
-        field_manager: Some(crate::watcher::FIELD_MANAGER.to_owned()),
+        field_manager: Some(crate::core::names::FIELD_MANAGER.to_owned()),
         ..Default::default()
     };
     api.patch(

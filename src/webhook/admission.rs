@@ -21,15 +21,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::key::KeyStore;
-use crate::lookup::{self, ConfigSource, Lookups, MemoryBudget};
-use crate::metrics::Metrics;
-use crate::patch;
-use crate::refs;
-use crate::rules::{self, Current, Decision, Lookup, Outcome, Trigger};
-use crate::workload::{
-    self, Analysis, UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES, WorkloadKind,
-};
+use crate::admin::metrics::Metrics;
+use crate::certs::key::KeyStore;
+use crate::core::names::{UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES};
+use crate::core::patch;
+use crate::core::refs;
+use crate::core::rules::{self, Current, Decision, Lookup, Outcome, Trigger};
+use crate::core::workload::{self, Analysis, WorkloadKind};
+use crate::webhook::lookup::{self, ConfigSource, Lookups, MemoryBudget};
 
 /// Largest review body accepted: an UPDATE carries two objects of up to 1.5 MiB each, base64
 /// and the envelope on top.
@@ -462,7 +461,7 @@ impl Webhook {
         let review: Review = serde_json::from_slice(body).map_err(|e| {
             BadRequest::new(format!(
                 "the body is not an AdmissionReview: {}",
-                crate::redact::json_error(&e)
+                crate::cluster::redact::json_error(&e)
             ))
         })?;
         match review.api_version.as_deref() {

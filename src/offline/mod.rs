@@ -12,10 +12,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
-use crate::patch;
-use crate::refs::{ObjectKind, ObjectRef, References, Selection};
-use crate::workload::{self, Analysis, ENABLED_LABEL, WorkloadKind};
+use crate::core::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
+use crate::core::names::ENABLED_LABEL;
+use crate::core::patch;
+use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
+use crate::core::workload::{self, Analysis, WorkloadKind};
 
 /// One input: a file's text and the name errors call it by.
 #[derive(Debug, Clone)]
@@ -423,7 +424,7 @@ fn explain<'c>(
         let config = lookup(r);
         let found = match config {
             None => "absent".to_owned(),
-            Some(c) if c.ignored => format!("ignored ({})", checksum::IGNORE_ANNOTATION),
+            Some(c) if c.ignored => format!("ignored ({})", crate::core::names::IGNORE_ANNOTATION),
             Some(c) => match c.digest.len() {
                 1 => "found, 1 key".to_owned(),
                 n => format!("found, {n} keys"),

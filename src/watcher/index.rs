@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::Value;
 
-use crate::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey};
-use crate::refs::{ObjectKind, ObjectRef, References};
-use crate::rules::Lookup;
-use crate::workload::{self, Analysis, WorkloadKind};
+use crate::core::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey};
+use crate::core::refs::{ObjectKind, ObjectRef, References};
+use crate::core::rules::Lookup;
+use crate::core::workload::{self, Analysis, WorkloadKind};
 
 /// A referenced object's identity: its namespace and (kind, name).
 pub type ConfigKey = (String, ObjectRef);
@@ -154,7 +154,7 @@ impl ConfigStore {
     }
 
     /// The rules' view of a workload's references in `namespace`: its expected stamp, its
-    /// expected v1 stamp from the same digests when `with_v1` (see [`crate::rules::needs_v1`]),
+    /// expected v1 stamp from the same digests when `with_v1` (see [`crate::core::rules::needs_v1`]),
     /// and whether a required reference is absent.
     pub fn lookup(
         &self,

@@ -30,13 +30,13 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
-use crate::checksum::{
+use crate::admin::metrics::Metrics;
+use crate::core::checksum::{
     self, ObjectDigest, ObjectView, Recipe, RecipeError, RefState, Stamp, StampKey, Tag,
     ValueDigest,
 };
-use crate::metrics::Metrics;
-use crate::refs::{self, ObjectKind, ObjectRef, References};
-use crate::rules::Lookup;
+use crate::core::refs::{self, ObjectKind, ObjectRef, References};
+use crate::core::rules::Lookup;
 
 /// The largest object answer read: etcd keeps objects up to 1.5 MiB, which base64 and JSON
 /// escapes can make about twice as large.
@@ -227,12 +227,12 @@ impl KubeSource {
         // unread (it still withholds error bodies).
         request
             .extensions_mut()
-            .insert(crate::client::DecodedByCaller);
+            .insert(crate::cluster::client::DecodedByCaller);
         let response = self
             .client
             .send(request)
             .await
-            .map_err(|e| crate::redact::kube_error(&e))?;
+            .map_err(|e| crate::cluster::redact::kube_error(&e))?;
         let status = response.status();
         if status == http::StatusCode::NOT_FOUND {
             return Ok(None);
@@ -278,8 +278,12 @@ async fn read_limited(
     let mut buf: Vec<u8> = Vec::new();
     let initial = declared.map_or(16 * 1024, |n| n as usize);
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| format!("reading the answer: {}", crate::redact::kube_error(&e)))?;
+        let frame = frame.map_err(|e| {
+            format!(
+                "reading the answer: {}",
+                crate::cluster::redact::kube_error(&e)
+            )
+        })?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
@@ -360,7 +364,7 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectEntry, String>
         format!(
             "the answer is not a {}: {}",
             object.kind.as_str(),
-            crate::redact::json_error(&e)
+            crate::cluster::redact::json_error(&e)
         )
     })?;
     let lean = lean.0;
@@ -380,7 +384,7 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectEntry, String>
             // The last of duplicate members wins, as in the API server's decoding.
             a.iter()
                 .rev()
-                .find(|(k, _)| k.0 == checksum::IGNORE_ANNOTATION)
+                .find(|(k, _)| k.0 == crate::core::names::IGNORE_ANNOTATION)
                 .is_some_and(|(_, v)| v.0 == "true")
         });
     if ignored {
@@ -495,7 +499,7 @@ impl Resolved {
     }
 
     /// The rules' view of this lookup; the expected v1 stamp only when `with_v1` (see
-    /// [`crate::rules::needs_v1`]).
+    /// [`crate::core::rules::needs_v1`]).
     pub fn lookup(
         &self,
         key: &StampKey,
@@ -729,7 +733,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::refs::Selection;
+    use crate::core::refs::Selection;
 
     /// Answers every read after a yield, counting how many are in flight at once.
     #[derive(Default)]

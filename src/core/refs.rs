@@ -5,14 +5,10 @@
 //! to one object merge: a whole-object reference wins over key references, key sets union, and the
 //! object is optional only if every reference to it says `optional: true`.
 
+use crate::core::names::{EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use k8s_openapi::api::core::v1::{Container, KeyToPath, PodSpec, Volume};
-
-/// Workload annotation naming extra ConfigMaps (comma separated) the pod spec does not show.
-pub const EXTRA_CONFIGMAPS_ANNOTATION: &str = "confighash.dev/extra-configmaps";
-/// Workload annotation naming extra Secrets (comma separated) the pod spec does not show.
-pub const EXTRA_SECRETS_ANNOTATION: &str = "confighash.dev/extra-secrets";
 
 /// The two kinds of object a workload can reference. Ordered as the recipe orders them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -4,25 +4,16 @@
 //! manifests arrive in, so that kinds without k8s-openapi types (Argo Rollouts) are handled the
 //! same way and fields this crate does not know about are never lost.
 
+use crate::core::names::{
+    CHECKSUM_ANNOTATION, ENABLED_LABEL, UNSTAMPED_ANNOTATION, UNSTAMPED_TOO_MANY_REFERENCES,
+};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodSpec;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::refs::{self, References};
-
-/// Label on a workload that opts it out (value `false`) of a namespace that is opted in.
-pub const ENABLED_LABEL: &str = "confighash.dev/enabled";
-/// The stamped annotation on the pod template.
-pub const CHECKSUM_ANNOTATION: &str = "confighash.dev/checksum";
-/// Workload metadata annotation marking a CREATE that could not be stamped.
-pub const UNSTAMPED_ANNOTATION: &str = "confighash.dev/unstamped";
-/// The value of [`UNSTAMPED_ANNOTATION`] after a failed lookup: reconcile retries it.
-pub const UNSTAMPED_LOOKUP_FAILED: &str = "lookup-failed";
-/// The value of [`UNSTAMPED_ANNOTATION`] when the workload references more objects than
-/// `--max-references`: terminal, reconcile leaves it.
-pub const UNSTAMPED_TOO_MANY_REFERENCES: &str = "too-many-references";
+use crate::core::refs::{self, References};
 
 /// The workload kinds whose pod templates are stamped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,7 +92,7 @@ pub enum WorkloadError {
     },
     #[error("{kind} has no pod template at .{path}")]
     NoTemplate { kind: WorkloadKind, path: String },
-    #[error("the pod spec is not valid: {}", crate::redact::json_error(.0))]
+    #[error("the pod spec is not valid: {}", crate::cluster::redact::json_error(.0))]
     PodSpec(#[source] serde_json::Error),
 }
 

@@ -13,7 +13,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
-use crate::metrics::Metrics;
+use crate::admin::metrics::Metrics;
 
 /// What `/readyz` reports.
 #[derive(Debug, Default)]

@@ -7,6 +7,7 @@
 //! watcher can keep 32 bytes per key instead of the content ([`ObjectDigest`]) and still compute
 //! the same stamp as the webhook computes from whole objects ([`ObjectView`]).
 
+use crate::core::names::IGNORE_ANNOTATION;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -15,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 
-use crate::refs::{ObjectRef, RefSpec, References, Selection};
+use crate::core::refs::{ObjectRef, RefSpec, References, Selection};
 
 /// Version tag of the current recipe, the first part of every stamp it makes.
 pub const RECIPE_VERSION: &str = Recipe::CURRENT.as_str();
@@ -23,8 +24,6 @@ pub const RECIPE_VERSION: &str = Recipe::CURRENT.as_str();
 pub const PLAIN_KEY_ID: &str = "plain";
 /// Keys shorter than this are refused.
 pub const MIN_KEY_LEN: usize = 16;
-/// The annotation that leaves a ConfigMap or Secret out of every checksum (value exactly "true").
-pub const IGNORE_ANNOTATION: &str = "confighash.dev/ignore";
 
 /// A version of the checksum recipe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

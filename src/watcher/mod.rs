@@ -4,7 +4,16 @@
 //! Watch tasks turn API events into [`Input`]s for one task that owns all state (the digest store,
 //! the workload index, the change window, the pacer); touches run as their own tasks and report
 //! back. Only the leader touches; every replica watches, so a new leader starts with warm caches.
+//!
+//! Must not reach: the webhook's code (the two agree only through the core's rules) or the content
+//! of any object beyond its digests.
 
+pub mod index;
+pub mod leader;
+pub mod memory;
+pub mod pace;
+
+use crate::core::names::FIELD_MANAGER;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,19 +29,18 @@ use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::index::{
+use crate::admin::metrics::Metrics;
+use crate::certs::key::KeyStore;
+use crate::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL};
+use crate::core::refs::{ObjectKind, ObjectRef};
+use crate::core::rules::{self, Current, Trigger};
+use crate::core::workload::WorkloadKind;
+use crate::watcher::index::{
     ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
 };
-use crate::key::KeyStore;
-use crate::leader::Leadership;
-use crate::metrics::Metrics;
-use crate::pace::{ChangeWindow, Pacer, Wait};
-use crate::refs::{ObjectKind, ObjectRef};
-use crate::rules::{self, Current, Trigger};
-use crate::workload::{CHECKSUM_ANNOTATION, ENABLED_LABEL, WorkloadKind};
+use crate::watcher::leader::Leadership;
+use crate::watcher::pace::{ChangeWindow, Pacer, Wait};
 
-/// Field manager of every write confighash makes.
-pub const FIELD_MANAGER: &str = "confighash";
 /// Secrets that are never configuration: Helm release records and service-account tokens.
 pub const SECRET_FIELD_SELECTOR: &str =
     "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
@@ -77,8 +85,8 @@ impl Default for WatcherConfig {
             kind_recheck: Duration::from_secs(60),
             retry_base: Duration::from_secs(1),
             identity: "confighash".to_owned(),
-            max_references: crate::admission::DEFAULT_MAX_REFERENCES,
-            excluded_namespaces: HashSet::from([crate::admission::KUBE_SYSTEM.to_owned()]),
+            max_references: crate::webhook::admission::DEFAULT_MAX_REFERENCES,
+            excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
         }
     }
 }
@@ -224,7 +232,7 @@ async fn watch_configs<K: ConfigObject>(
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(kind = K::KIND.as_str(), error = %crate::redact::watcher_error(&e), "watch error; retrying");
+                tracing::warn!(kind = K::KIND.as_str(), error = %crate::cluster::redact::watcher_error(&e), "watch error; retrying");
                 continue;
             }
         };
@@ -295,7 +303,7 @@ async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(error = %crate::redact::watcher_error(&e), "namespace watch error; retrying");
+                tracing::warn!(error = %crate::cluster::redact::watcher_error(&e), "namespace watch error; retrying");
                 continue;
             }
         };
@@ -384,7 +392,7 @@ async fn watch_workload_kinds(
                 }
                 Err(e) => {
                     if reported_absent.insert(kind.kind()) {
-                        tracing::info!(kind = kind.kind(), error = %crate::redact::kube_error(&e), "not served by this cluster; looking again later");
+                        tracing::info!(kind = kind.kind(), error = %crate::cluster::redact::kube_error(&e), "not served by this cluster; looking again later");
                         if tx
                             .send(Input::Synced(Stream::Workloads(kind)))
                             .await
@@ -429,7 +437,7 @@ async fn watch_workloads(
             Ok(Some(e)) => e,
             Ok(None) => return,
             Err(e) => {
-                tracing::warn!(kind = kind.kind(), error = %crate::redact::watcher_error(&e), "watch error; retrying");
+                tracing::warn!(kind = kind.kind(), error = %crate::cluster::redact::watcher_error(&e), "watch error; retrying");
                 continue;
             }
         };
@@ -722,7 +730,7 @@ impl State {
                     }
                 }
                 self.count_all_configs();
-                crate::memory::release_free_heap();
+                crate::watcher::memory::release_free_heap();
                 if self.is_synced() {
                     if !backfill.deferred.is_empty() {
                         self.window_closed(backfill.deferred, None, now);
@@ -766,7 +774,7 @@ impl State {
             Input::Synced(stream) => {
                 if matches!(stream, Stream::ConfigMaps | Stream::Secrets) {
                     // A whole list of the cluster's config passed through; only digests stay.
-                    crate::memory::release_free_heap();
+                    crate::watcher::memory::release_free_heap();
                 }
                 self.synced.insert(stream);
                 tracing::debug!(?stream, synced = self.synced.len(), of = STREAMS, "listed");
@@ -1041,7 +1049,7 @@ impl State {
                 Err(TouchError::Gone) => metrics.touch("gone"),
                 Err(TouchError::Api(e)) => {
                     metrics.touch("error");
-                    tracing::warn!(workload = %key, error = %crate::redact::kube_error(&e), "touch failed; retrying");
+                    tracing::warn!(workload = %key, error = %crate::cluster::redact::kube_error(&e), "touch failed; retrying");
                     let at = retry(pending.attempt);
                     let _ = tx.send(Input::Retry(key, at, pending)).await;
                 }
@@ -1092,7 +1100,7 @@ async fn backfill(
                 return;
             }
             Err(e) => {
-                tracing::warn!(namespace, error = %crate::redact::kube_error(&e), "listing an opted-in namespace failed; retrying");
+                tracing::warn!(namespace, error = %crate::cluster::redact::kube_error(&e), "listing an opted-in namespace failed; retrying");
                 if tx.is_closed() {
                     return;
                 }
@@ -1166,7 +1174,7 @@ async fn touch(
     match api.patch(&key.name, &params, &Patch::Merge(&patch)).await {
         Ok(obj) => {
             let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
-            let (stamp, _) = crate::workload::stamp_and_marker(kind, &value);
+            let (stamp, _) = crate::core::workload::stamp_and_marker(kind, &value);
             Ok(stamp.map(str::to_owned))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Err(TouchError::Gone),
@@ -1222,6 +1230,6 @@ async fn record_event(
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &reference).await {
-        tracing::warn!(workload = %key, error = %crate::redact::kube_error(&e), "cannot record the Event");
+        tracing::warn!(workload = %key, error = %crate::cluster::redact::kube_error(&e), "cannot record the Event");
     }
 }

@@ -1,0 +1,8 @@
+//! The admin port's content: liveness and readiness, and the Prometheus metrics every part
+//! records into.
+//!
+//! Must not reach: the API server. Metrics carry counts and names of outcomes, never object
+//! names from a review or any config content.
+
+pub mod health;
+pub mod metrics;

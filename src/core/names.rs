@@ -1,0 +1,27 @@
+//! The contract's names: what users write in their manifests and what confighash writes in the
+//! cluster. Promises to users: never rename one.
+
+/// Namespace label that opts a namespace in (value `true`); on a workload, value `false` opts
+/// that workload out of a namespace that is opted in.
+pub const ENABLED_LABEL: &str = "confighash.dev/enabled";
+/// The stamped annotation on the pod template.
+pub const CHECKSUM_ANNOTATION: &str = "confighash.dev/checksum";
+/// Workload metadata annotation marking a CREATE that could not be stamped.
+pub const UNSTAMPED_ANNOTATION: &str = "confighash.dev/unstamped";
+/// The value of [`UNSTAMPED_ANNOTATION`] after a failed lookup: reconcile retries it.
+pub const UNSTAMPED_LOOKUP_FAILED: &str = "lookup-failed";
+/// The value of [`UNSTAMPED_ANNOTATION`] when the workload references more objects than
+/// `--max-references`: terminal, reconcile leaves it.
+pub const UNSTAMPED_TOO_MANY_REFERENCES: &str = "too-many-references";
+/// The annotation that leaves a ConfigMap or Secret out of every checksum (value exactly "true").
+pub const IGNORE_ANNOTATION: &str = "confighash.dev/ignore";
+/// Workload annotation naming extra ConfigMaps (comma separated) the pod spec does not show.
+pub const EXTRA_CONFIGMAPS_ANNOTATION: &str = "confighash.dev/extra-configmaps";
+/// Workload annotation naming extra Secrets (comma separated) the pod spec does not show.
+pub const EXTRA_SECRETS_ANNOTATION: &str = "confighash.dev/extra-secrets";
+/// Annotation put on a Secret confighash creates, saying what it is.
+pub const DESCRIPTION_ANNOTATION: &str = "confighash.dev/description";
+/// Field manager of every write confighash makes.
+pub const FIELD_MANAGER: &str = "confighash";
+/// Label put on a Secret confighash creates.
+pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "confighash");
