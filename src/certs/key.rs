@@ -1,4 +1,4 @@
-//! The installation's HMAC key (DESIGN.md, "Checksum recipe v1" → "The key").
+//! The installation's HMAC key (docs/recipe.md, "Digest, key id and stamp").
 //!
 //! The key comes either from a file (`--key-file`: its bytes exactly, no trimming, no decoding) or
 //! from data key `key` of a Secret in the pod's namespace (`--key-secret`: the decoded bytes). When

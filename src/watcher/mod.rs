@@ -643,7 +643,7 @@ impl State {
         match input {
             Input::Config(key, state) => {
                 if self.excluded.contains(&key.0) {
-                    // Not opted in: nothing of it is kept (DESIGN: filtered in memory).
+                    // Not opted in: nothing of it is kept (filtered in memory).
                     return;
                 }
                 if let Some(backfill) = self.backfills.get_mut(&key.0) {
