@@ -430,10 +430,7 @@ async fn expected_stamp(key: &StampKey) -> String {
         )
         .await
         .expect("the in-memory lookup");
-    match resolved
-        .lookup(key, fixture::NAMESPACE, &info.refs, false)
-        .expect("the recipe")
-    {
+    match resolved.lookup(key, fixture::NAMESPACE, &info.refs, false) {
         Lookup::Resolved {
             expected,
             required_absent: false,

@@ -15,7 +15,8 @@
 //! by the v2 stamp when stale, so upgrading rolls nothing and a config change made during the
 //! upgrade still rolls once. A real template change (which rolls the pods anyway) writes v2.
 
-use crate::core::checksum::{Recipe, Stamp, is_current};
+use crate::core::checksum::{self, Recipe, RefState, Stamp, StampKey, is_current};
+use crate::core::refs::{ObjectRef, References};
 
 /// What the stamp on a workload currently is.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,6 +60,41 @@ pub enum Lookup {
         /// Some reference that is not optional does not exist.
         required_absent: bool,
     },
+}
+
+/// What the recipe sees of the objects a workload references, in the workload's namespace: the
+/// webhook's lookups, the watcher's index and offline stamping each implement it.
+pub trait View {
+    fn state(&self, object: &ObjectRef) -> RefState<'_>;
+}
+
+/// The rules' view of a workload's references in `namespace`: the expected stamp (signed with
+/// `key`, plain without), the expected v1 stamp over the same state when `with_v1` (see
+/// [`needs_v1`]), and whether a required reference is absent.
+pub fn expected(
+    view: &impl View,
+    key: Option<&StampKey>,
+    namespace: &str,
+    refs: &References,
+    with_v1: bool,
+) -> Lookup {
+    Lookup::Resolved {
+        expected: expected_stamp(view, key, namespace, refs),
+        expected_v1: with_v1.then(|| checksum::compute_stamp_v1(key, refs, |r| view.state(r))),
+        required_absent: refs
+            .iter()
+            .any(|(r, spec)| !spec.optional && matches!(view.state(r), RefState::Absent)),
+    }
+}
+
+/// The stamp (recipe v2) a workload in `namespace` with references `refs` should carry.
+pub fn expected_stamp(
+    view: &impl View,
+    key: Option<&StampKey>,
+    namespace: &str,
+    refs: &References,
+) -> Stamp {
+    checksum::compute_stamp(key, namespace, refs, |r| view.state(r))
 }
 
 /// The flags that change the rules.

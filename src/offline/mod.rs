@@ -16,6 +16,7 @@ use crate::core::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
 use crate::core::names::ENABLED_LABEL;
 use crate::core::patch;
 use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
+use crate::core::rules;
 use crate::core::workload::{self, Analysis, WorkloadKind};
 
 /// One input: a file's text and the name errors call it by.
@@ -182,13 +183,12 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         let name = obj.pointer("/metadata/name").and_then(Value::as_str);
         let ns = required_namespace(&obj, options, kind.kind(), name.unwrap_or("<unnamed>"))
             .map_err(|m| error(sources, doc, m))?;
-        let lookup = |r: &ObjectRef| configs.get(&(ns.clone(), r.clone()));
-        let stamp =
-            checksum::compute_stamp(options.key.as_ref(), &ns, &info.refs, |r| match lookup(r) {
-                None => RefState::Absent,
-                Some(c) if c.ignored => RefState::Ignored,
-                Some(c) => RefState::Present(&c.digest),
-            });
+        let view = InNamespace {
+            configs: &configs,
+            namespace: &ns,
+        };
+        let lookup = |r: &ObjectRef| view.get(r);
+        let stamp = rules::expected_stamp(&view, options.key.as_ref(), &ns, &info.refs);
         for (r, spec) in info.refs.iter() {
             if lookup(r).is_none() && !spec.optional {
                 out.warnings.push(format!(
@@ -499,4 +499,27 @@ fn render(sources: &[Source], docs: &[Doc<'_>]) -> Result<String, InputError> {
         }
     }
     Ok(text)
+}
+
+/// The input's ConfigMaps and Secrets as the recipe sees one namespace.
+struct InNamespace<'a> {
+    configs: &'a HashMap<(String, ObjectRef), Config>,
+    namespace: &'a str,
+}
+
+impl InNamespace<'_> {
+    fn get(&self, object: &ObjectRef) -> Option<&Config> {
+        self.configs
+            .get(&(self.namespace.to_owned(), object.clone()))
+    }
+}
+
+impl rules::View for InNamespace<'_> {
+    fn state(&self, object: &ObjectRef) -> RefState<'_> {
+        match self.get(object) {
+            None => RefState::Absent,
+            Some(c) if c.ignored => RefState::Ignored,
+            Some(c) => RefState::Present(&c.digest),
+        }
+    }
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use crate::core::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey};
 use crate::core::refs::{ObjectKind, ObjectRef, References};
-use crate::core::rules::Lookup;
+use crate::core::rules::{self, Lookup};
 use crate::core::workload::{self, Analysis, WorkloadKind};
 
 /// A referenced object's identity: its namespace and (kind, name).
@@ -153,9 +153,7 @@ impl ConfigStore {
         self.len() == 0
     }
 
-    /// The rules' view of a workload's references in `namespace`: its expected stamp, its
-    /// expected v1 stamp from the same digests when `with_v1` (see [`crate::core::rules::needs_v1`]),
-    /// and whether a required reference is absent.
+    /// The rules' view of a workload's references in `namespace` ([`rules::expected`]).
     pub fn lookup(
         &self,
         key: &StampKey,
@@ -163,17 +161,23 @@ impl ConfigStore {
         refs: &References,
         with_v1: bool,
     ) -> Lookup {
-        let state = |r: &ObjectRef| self.state(namespace, r);
-        let expected = checksum::compute_stamp(Some(key), namespace, refs, state);
-        let expected_v1 = with_v1.then(|| checksum::compute_stamp_v1(Some(key), refs, state));
-        let required_absent = refs
-            .iter()
-            .any(|(r, spec)| !spec.optional && matches!(state(r), RefState::Absent));
-        Lookup::Resolved {
-            expected,
-            expected_v1,
-            required_absent,
-        }
+        let view = InNamespace {
+            store: self,
+            namespace,
+        };
+        rules::expected(&view, Some(key), namespace, refs, with_v1)
+    }
+}
+
+/// The store as the recipe sees one namespace.
+struct InNamespace<'a> {
+    store: &'a ConfigStore,
+    namespace: &'a str,
+}
+
+impl rules::View for InNamespace<'_> {
+    fn state(&self, object: &ObjectRef) -> RefState<'_> {
+        self.store.state(self.namespace, object)
     }
 }
 

@@ -635,7 +635,7 @@ impl Webhook {
                 .await
                 .and_then(|resolved| {
                     let with_v1 = rules::needs_v1(trigger, current, key.id());
-                    Ok(resolved.lookup(&key, namespace, &info.refs, with_v1)?)
+                    Ok(resolved.lookup(&key, namespace, &info.refs, with_v1))
                 }) {
                 Ok(lookup) => lookup,
                 Err(e) => {

@@ -32,11 +32,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::admin::metrics::Metrics;
 use crate::core::checksum::{
-    self, ObjectDigest, ObjectView, Recipe, RecipeError, RefState, Stamp, StampKey, Tag,
-    ValueDigest,
+    self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey, Tag, ValueDigest,
 };
 use crate::core::refs::{self, ObjectKind, ObjectRef, References};
-use crate::core::rules::Lookup;
+use crate::core::rules::{self, Lookup};
 
 /// The largest object answer read: etcd keeps objects up to 1.5 MiB, which base64 and JSON
 /// escapes can make about twice as large.
@@ -478,45 +477,26 @@ impl Resolved {
             .map(|(r, _)| r)
     }
 
-    /// The expected stamp of the references `refs` of a workload in `namespace` over these
-    /// objects, under `recipe` (v1 has no namespace: it is ignored there).
-    pub fn stamp(
-        &self,
-        key: &StampKey,
-        recipe: Recipe,
-        namespace: &str,
-        refs: &References,
-    ) -> Result<Stamp, RecipeError> {
-        let state = |r: &ObjectRef| match self.objects.get(r) {
-            Some(Some(e)) if e.ignored => RefState::Ignored,
-            Some(Some(e)) => RefState::Present(&e.digest),
-            _ => RefState::Absent,
-        };
-        Ok(match recipe {
-            Recipe::V1 => checksum::compute_stamp_v1(Some(key), refs, state),
-            Recipe::V2 => checksum::compute_stamp(Some(key), namespace, refs, state),
-        })
-    }
-
-    /// The rules' view of this lookup; the expected v1 stamp only when `with_v1` (see
-    /// [`crate::core::rules::needs_v1`]).
+    /// The rules' view of this lookup ([`rules::expected`]); the expected v1 stamp only when
+    /// `with_v1` (see [`rules::needs_v1`]).
     pub fn lookup(
         &self,
         key: &StampKey,
         namespace: &str,
         refs: &References,
         with_v1: bool,
-    ) -> Result<Lookup, RecipeError> {
-        let expected_v1 = if with_v1 {
-            Some(self.stamp(key, Recipe::V1, namespace, refs)?)
-        } else {
-            None
-        };
-        Ok(Lookup::Resolved {
-            expected: self.stamp(key, Recipe::V2, namespace, refs)?,
-            expected_v1,
-            required_absent: self.absent_required(refs).next().is_some(),
-        })
+    ) -> Lookup {
+        rules::expected(self, Some(key), namespace, refs, with_v1)
+    }
+}
+
+impl rules::View for Resolved {
+    fn state(&self, object: &ObjectRef) -> RefState<'_> {
+        match self.objects.get(object) {
+            Some(Some(e)) if e.ignored => RefState::Ignored,
+            Some(Some(e)) => RefState::Present(&e.digest),
+            _ => RefState::Absent,
+        }
     }
 }
 
