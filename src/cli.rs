@@ -71,11 +71,13 @@ pub fn certs(args: &CertsArgs) -> Result<Vec<PathBuf>, crate::certs::certificate
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address of the webhook (HTTPS).
-    #[arg(long, env = "CONFIGHASH_LISTEN", default_value = "0.0.0.0:8443")]
+    /// Address of the webhook (HTTPS). `[::]` listens on IPv6 and IPv4 alike, and on IPv4 alone
+    /// (`0.0.0.0`, same port) where the host has no IPv6; any other address is used as it is.
+    #[arg(long, env = "CONFIGHASH_LISTEN", default_value = "[::]:8443")]
     pub listen: SocketAddr,
-    /// Address of the admin port (plain HTTP: /livez, /readyz, /metrics).
-    #[arg(long, env = "CONFIGHASH_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Address of the admin port (plain HTTP: /livez, /readyz, /metrics); `[::]` as for
+    /// --listen.
+    #[arg(long, env = "CONFIGHASH_ADMIN_LISTEN", default_value = "[::]:8080")]
     pub admin_listen: SocketAddr,
     /// Serving certificate (PEM), re-read when it changes (with --self-signed-certs, written
     /// there).

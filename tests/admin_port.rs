@@ -8,7 +8,7 @@
 mod ports;
 
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -378,4 +378,131 @@ fn admin_defaults() {
     assert_eq!(admin.max_connections, 64);
     assert_eq!(admin.header_read_timeout, Duration::from_secs(5));
     assert_eq!(admin.idle_timeout, Duration::from_secs(30));
+}
+
+/// `serve` listens on `[::]` by default, on both stacks: the webhook and the admin port at the
+/// default addresses (on free ports) accept clients on 127.0.0.1 and, where the host has IPv6,
+/// on ::1.
+#[tokio::test]
+async fn the_default_addresses_accept_ipv4_and_ipv6_clients() {
+    use clap::Parser;
+    use confighash::cli::{Cli, Command};
+    let Command::Serve(args) = Cli::try_parse_from(["confighash", "serve"])
+        .unwrap()
+        .command
+    else {
+        panic!("not serve");
+    };
+    assert_eq!(args.listen, "[::]:8443".parse::<SocketAddr>().unwrap());
+    assert_eq!(
+        args.admin_listen,
+        "[::]:8080".parse::<SocketAddr>().unwrap()
+    );
+    let server = ports::start_at(
+        SocketAddr::new(args.listen.ip(), 0),
+        SocketAddr::new(args.admin_listen.ip(), 0),
+        Limits::default(),
+        Duration::from_secs(10),
+        None,
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut clients = vec![IpAddr::from(Ipv4Addr::LOCALHOST)];
+    if std::net::TcpListener::bind((Ipv6Addr::LOCALHOST, 0)).is_ok() {
+        clients.push(IpAddr::from(Ipv6Addr::LOCALHOST));
+    } else {
+        eprintln!("this host has no IPv6: IPv4 clients only");
+    }
+    for ip in clients {
+        probe_ok(
+            SocketAddr::new(ip, server.running.admin_addr.port()),
+            "/livez",
+        )
+        .await;
+        let webhook = SocketAddr::new(ip, server.running.webhook_addr.port());
+        let config = ports::client_config(&server.ca_pem, &[b"h2"], None);
+        let tls = ports::tls(webhook, config)
+            .await
+            .unwrap_or_else(|e| panic!("a TLS handshake on {webhook}: {e}"));
+        Http::over(tls, true)
+            .await
+            .review(&format!("from-{ip}"))
+            .await;
+    }
+}
+
+/// `serve::listen` on `[::]` takes IPv4 clients too (IPV6_V6ONLY off), as IPv4 addresses do.
+#[tokio::test]
+async fn listen_takes_ipv4_clients_on_the_unspecified_ipv6_address() {
+    for addr in ["[::]:0", "0.0.0.0:0", "127.0.0.1:0"] {
+        let listener = confighash::webhook::server::listen(addr.parse().unwrap()).unwrap();
+        let local = listener.local_addr().unwrap();
+        if local.is_ipv6() {
+            // Whatever the host's net.ipv6.bindv6only says.
+            assert!(!socket2::SockRef::from(&listener).only_v6().unwrap());
+        }
+        let port = local.port();
+        let (client, accepted) = tokio::join!(
+            TcpStream::connect((Ipv4Addr::LOCALHOST, port)),
+            listener.accept()
+        );
+        client.unwrap_or_else(|e| panic!("{addr}: {e}"));
+        let (_, peer) = accepted.unwrap();
+        assert_eq!(
+            peer.ip().to_canonical(),
+            IpAddr::from(Ipv4Addr::LOCALHOST),
+            "{addr}"
+        );
+    }
+}
+
+/// A scrape of the admin port right after start has the build information and every series
+/// whose labels are known in advance, at 0, so alerts on `increase()` see the first one counted.
+#[tokio::test]
+async fn a_scrape_right_after_start_shows_the_build_and_every_known_series_at_zero() {
+    let server = ports::start(Limits::default(), Duration::from_secs(10), None).await;
+    let (status, body, _) = probe(server.running.admin_addr, "/metrics")
+        .await
+        .expect("an answer");
+    assert_eq!(status, 200);
+    let value = |series: &str| -> Option<f64> {
+        body.lines().find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+    };
+    assert_eq!(
+        value(&format!(
+            "confighash_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        Some(1.0),
+        "{body}"
+    );
+    let mut zero = vec![
+        "confighash_workloads_bypassed_total".to_owned(),
+        "confighash_touch_retries_total".to_owned(),
+        "confighash_webhook_requests_total{kind=\"\",operation=\"\",outcome=\"busy\"}".to_owned(),
+        "confighash_webhook_requests_total{kind=\"\",operation=\"\",outcome=\"timeout\"}".to_owned(),
+        "confighash_webhook_requests_total{kind=\"Deployment\",operation=\"UPDATE\",outcome=\"stamped\"}"
+            .to_owned(),
+        "confighash_webhook_requests_total{kind=\"Rollout\",operation=\"CREATE\",outcome=\"kept-on-error\"}"
+            .to_owned(),
+    ];
+    for outcome in ["touched", "kept-by-webhook", "error", "gone"] {
+        zero.push(format!("confighash_touches_total{{outcome=\"{outcome}\"}}"));
+    }
+    for outcome in ["found", "absent", "error", "deadline"] {
+        zero.push(format!(
+            "confighash_webhook_lookups_total{{kind=\"Secret\",outcome=\"{outcome}\"}}"
+        ));
+    }
+    for kind in ["ConfigMap", "Secret"] {
+        zero.push(format!(
+            "confighash_config_changes_total{{kind=\"{kind}\"}}"
+        ));
+    }
+    for series in &zero {
+        assert_eq!(value(series), Some(0.0), "{series} in\n{body}");
+    }
 }

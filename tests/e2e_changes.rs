@@ -124,3 +124,104 @@ fn patches_of_deployments(env: &Env) -> usize {
         .filter(|(verb, resource)| verb == "patch" && resource == "deployments")
         .count()
 }
+
+/// A workload written while the API server could not call the webhook (here: the webhook is
+/// down under failurePolicy Ignore, as with a NetworkPolicy that blocks the API server or a
+/// stale caBundle) carries neither a stamp nor the unstamped marker: the watcher counts it in
+/// `confighash_workloads_bypassed_total`, once per workload (uid), however often it sees it.
+/// Stamped, opted-out and not-opted-in workloads are not counted.
+#[tokio::test]
+async fn a_workload_created_past_the_webhook_is_counted_as_bypassed_once() {
+    use std::time::Duration;
+
+    use confighash::watcher::WatcherConfig;
+    use kube::api::{DeleteParams, DynamicObject};
+    use support::Setup;
+
+    let mut env = Env::start_with(Setup {
+        watcher: WatcherConfig {
+            // Everything here is created after the watcher started.
+            bypass_grace: Some(Duration::ZERO),
+            ..Setup::default().watcher
+        },
+        ..Default::default()
+    })
+    .await;
+    if !env.is_stand_in() {
+        eprintln!("skipped: reads the in-process watcher's metrics");
+        return;
+    }
+    env.namespace("shop", true).await;
+    env.namespace("other", false).await;
+    env.config_map("shop", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.deployment("shop", "stamped", &[("envFrom", "app-env")])
+        .await;
+    assert!(env.stamp("shop", "Deployment", "stamped").await.is_some());
+    env.barrier("shop").await;
+    assert_eq!(env.metrics.workloads_bypassed(), 0, "stamped at CREATE");
+
+    env.stop_webhook().await;
+    env.deployment("shop", "web", &[("envFrom", "app-env")])
+        .await;
+    env.workload(
+        "shop",
+        "Deployment",
+        "opted-out",
+        &[("envFrom", "app-env")],
+        json!({"confighash.dev/enabled": "false"}),
+    )
+    .await;
+    env.deployment("other", "web", &[]).await;
+    assert_eq!(env.stamp("shop", "Deployment", "web").await, None);
+    env.eventually("web to be counted", || async {
+        env.metrics.workloads_bypassed() == 1
+    })
+    .await;
+
+    // Seen again (its own writes, and a restarted watch's list): still counted once.
+    env.restart_webhook().await;
+    let deployments: Api<DynamicObject> = Api::namespaced_with(
+        env.client.clone(),
+        "shop",
+        &support::api_resource("Deployment"),
+    );
+    for team in ["a", "b"] {
+        deployments
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"team": team}}})),
+            )
+            .await
+            .unwrap();
+    }
+    env.api().close_watches();
+    env.barrier("shop").await;
+    assert_eq!(env.stamp("shop", "Deployment", "web").await, None);
+    assert_eq!(env.metrics.workloads_bypassed(), 1, "each workload once");
+    assert!(
+        env.metrics
+            .encode()
+            .lines()
+            .any(|l| l == "confighash_workloads_bypassed_total 1"),
+        "exported"
+    );
+
+    // The same name again is another workload (another uid).
+    env.stop_webhook().await;
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    env.deployment("shop", "web", &[("envFrom", "app-env")])
+        .await;
+    env.eventually("the new web to be counted", || async {
+        env.metrics.workloads_bypassed() == 2
+    })
+    .await;
+    env.restart_webhook().await;
+    env.barrier("shop").await;
+    assert_eq!(env.metrics.workloads_bypassed(), 2);
+    assert_eq!(env.rollouts("shop", "Deployment", "stamped").await, 0);
+}

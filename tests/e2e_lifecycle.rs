@@ -473,3 +473,88 @@ async fn the_event_of_a_retried_touch_names_the_config_map() {
         assert!(note.contains("app-env"), "{note:?} names the ConfigMap");
     }
 }
+
+/// The TouchFailed Events recorded for the workload `name`.
+async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(env.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("TouchFailed")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect()
+}
+
+/// A touch that keeps failing (here: confighash's RBAC lost `patch` on Deployments) records one
+/// Warning Event `TouchFailed` on the workload saying what failed, without the API server's
+/// message, and when it is retried; the retries go on with backoff, and once the patch is allowed
+/// again the change lands and rolls once.
+#[tokio::test]
+async fn a_touch_that_keeps_failing_records_one_touch_failed_event_and_lands_later() {
+    let env = Env::start().await;
+    if !env.is_stand_in() {
+        eprintln!("skipped: changes the stand-in's RBAC");
+        return;
+    }
+    shop(&env).await;
+    let rbac = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/base/rbac.yaml"
+    ))
+    .unwrap();
+    let no_patch = rbac.replace(
+        "resources: [deployments, statefulsets, daemonsets]\n    verbs: [list, watch, patch]",
+        "resources: [deployments, statefulsets, daemonsets]\n    verbs: [list, watch]",
+    );
+    assert_ne!(
+        no_patch, rbac,
+        "deploy/base/rbac.yaml grants patch on deployments"
+    );
+    let authorizer = |yaml: &str| Some(apiserver::rbac::Authorizer::from_yaml(yaml).unwrap());
+    env.api().set_authorizer(authorizer(&no_patch));
+
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.eventually("a TouchFailed Event on web", || async {
+        !touch_failed_events(&env, "web").await.is_empty()
+    })
+    .await;
+    assert!(
+        env.metrics.touches("error") >= 2,
+        "it failed more than once"
+    );
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 0);
+    let events = touch_failed_events(&env, "web").await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.regarding.as_ref().unwrap().kind.as_deref(),
+        Some("Deployment")
+    );
+    let note = event.note.as_deref().unwrap_or_default();
+    for part in ["ConfigMap app-env changed", "403 Forbidden", "retrying in "] {
+        assert!(note.contains(part), "{note:?} says {part:?}");
+    }
+    assert!(
+        !note.contains("cannot patch resource"),
+        "{note:?} quotes the API server's message"
+    );
+
+    // Allowed again: the next retry lands, and the workload rolls once.
+    env.api().set_authorizer(authorizer(&rbac));
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    let events = touch_failed_events(&env, "web").await;
+    assert_eq!(events.len(), 1, "rate-limited: {events:#?}");
+    assert_eq!(events[0].series, None, "recorded once");
+    assert!(
+        !config_changed_events(&env, "web").await.is_empty(),
+        "the touch that landed says so"
+    );
+}

@@ -7,6 +7,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::core::refs::ObjectKind;
+use crate::core::rules::Outcome;
+use crate::core::workload::WorkloadKind;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     kind: &'static str,
@@ -30,6 +34,59 @@ struct LookupLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// Review outcomes of requests that never reached a workload decision (`kind` and `operation`
+/// empty).
+pub const REQUEST_FAILURE_OUTCOMES: [&str; 3] = ["bad-request", "busy", "timeout"];
+/// Outcomes of reads of referenced objects.
+pub const LOOKUP_OUTCOMES: [&str; 4] = ["found", "absent", "error", "deadline"];
+/// Outcomes of workload touches.
+pub const TOUCH_OUTCOMES: [&str; 4] = ["touched", "kept-by-webhook", "error", "gone"];
+
+/// Every (kind, operation, outcome) a review can be counted with: the rules' outcomes and the
+/// too-many-references outcome for each workload kind and operation, skipped reviews of other
+/// kinds and operations, and the failures before any decision.
+fn request_label_sets() -> Vec<RequestLabels> {
+    let mut sets = Vec::new();
+    for operation in ["CREATE", "UPDATE"] {
+        for kind in WorkloadKind::ALL {
+            let outcomes = Outcome::ALL
+                .iter()
+                .map(|o| o.as_str())
+                .chain([crate::webhook::admission::TOO_MANY_REFERENCES_OUTCOME]);
+            for outcome in outcomes {
+                sets.push(RequestLabels {
+                    kind: kind.kind(),
+                    operation,
+                    outcome,
+                });
+            }
+        }
+        sets.push(RequestLabels {
+            kind: "",
+            operation,
+            outcome: Outcome::Skipped.as_str(),
+        });
+    }
+    sets.push(RequestLabels {
+        kind: "",
+        operation: "other",
+        outcome: Outcome::Skipped.as_str(),
+    });
+    for outcome in REQUEST_FAILURE_OUTCOMES {
+        sets.push(RequestLabels {
+            kind: "",
+            operation: "",
+            outcome,
+        });
+    }
+    sets
+}
+
 /// Every metric confighash exports.
 pub struct Metrics {
     registry: Registry,
@@ -50,6 +107,7 @@ pub struct Metrics {
     rate_limited: Counter,
     reconcile_mismatches: Counter,
     touch_latency: Histogram,
+    bypassed: Counter,
 }
 
 impl Default for Metrics {
@@ -165,8 +223,53 @@ impl Metrics {
             "From a change seen on the watch to its touch sent",
             touch_latency.clone(),
         );
+        let bypassed = Counter::default();
+        registry.register(
+            "workloads_bypassed",
+            "Workloads created in opted-in namespaces since this replica started that carry \
+             neither a stamp nor the unstamped marker: the API server did not call the webhook",
+            bypassed.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        registry.register(
+            "build_info",
+            "1, labelled with the version of confighash that runs",
+            build_info.clone(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+
+        // Every series whose labels are known in advance exists from the start, at 0, so
+        // `rate()` and `increase()` see its first increment.
+        for labels in request_label_sets() {
+            let _ = requests.get_or_create(&labels);
+        }
+        for kind in ObjectKind::ALL {
+            for outcome in LOOKUP_OUTCOMES {
+                let _ = lookups.get_or_create(&LookupLabels {
+                    kind: kind.as_str(),
+                    outcome,
+                });
+            }
+            let _ = watched.get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            });
+            let _ = changes.get_or_create(&KindLabels {
+                kind: kind.as_str(),
+            });
+        }
+        for kind in WorkloadKind::ALL {
+            let _ = watched.get_or_create(&KindLabels { kind: kind.kind() });
+        }
+        for outcome in TOUCH_OUTCOMES {
+            let _ = touches.get_or_create(&OutcomeLabels { outcome });
+        }
         Metrics {
             registry,
+            bypassed,
             watched,
             synced,
             leader,
@@ -189,6 +292,14 @@ impl Metrics {
 
     /// Counts one admission review.
     pub fn request(&self, kind: &'static str, operation: &'static str, outcome: &'static str) {
+        debug_assert!(
+            request_label_sets().contains(&RequestLabels {
+                kind,
+                operation,
+                outcome
+            }),
+            "{kind} {operation} {outcome} is not exported from the start"
+        );
         self.requests
             .get_or_create(&RequestLabels {
                 kind,
@@ -219,6 +330,7 @@ impl Metrics {
     }
 
     pub fn lookup(&self, kind: &'static str, outcome: &'static str) {
+        debug_assert!(LOOKUP_OUTCOMES.contains(&outcome), "{outcome}");
         self.lookups
             .get_or_create(&LookupLabels { kind, outcome })
             .inc();
@@ -275,6 +387,7 @@ impl Metrics {
     }
 
     pub fn touch(&self, outcome: &'static str) {
+        debug_assert!(TOUCH_OUTCOMES.contains(&outcome), "{outcome}");
         self.touches.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
@@ -299,11 +412,116 @@ impl Metrics {
         self.touch_latency.observe(seconds);
     }
 
+    /// A workload that did not pass through the webhook was seen (once per workload).
+    pub fn workload_bypassed(&self) {
+        self.bypassed.inc();
+    }
+
+    /// How many workloads were seen that did not pass through the webhook.
+    pub fn workloads_bypassed(&self) -> u64 {
+        self.bypassed.get()
+    }
+
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the series `series` (name and labels as the text format writes them).
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            (name == series).then(|| value.parse().ok())?
+        })
+    }
+
+    #[test]
+    fn a_fresh_scrape_has_every_known_series_at_zero_and_the_build_info() {
+        let text = Metrics::new().encode();
+        let zero = |series: &str| {
+            assert_eq!(value(&text, series), Some(0.0), "{series} in\n{text}");
+        };
+        assert_eq!(
+            value(
+                &text,
+                &format!(
+                    "confighash_build_info{{version=\"{}\"}}",
+                    env!("CARGO_PKG_VERSION")
+                )
+            ),
+            Some(1.0),
+            "{text}"
+        );
+        zero("confighash_workloads_bypassed_total");
+        for outcome in TOUCH_OUTCOMES {
+            zero(&format!(
+                "confighash_touches_total{{outcome=\"{outcome}\"}}"
+            ));
+        }
+        for kind in ["ConfigMap", "Secret"] {
+            for outcome in LOOKUP_OUTCOMES {
+                zero(&format!(
+                    "confighash_webhook_lookups_total{{kind=\"{kind}\",outcome=\"{outcome}\"}}"
+                ));
+            }
+            zero(&format!(
+                "confighash_config_changes_total{{kind=\"{kind}\"}}"
+            ));
+        }
+        for kind in [
+            "ConfigMap",
+            "Secret",
+            "Deployment",
+            "StatefulSet",
+            "DaemonSet",
+            "CronJob",
+            "Rollout",
+        ] {
+            zero(&format!("confighash_watched_objects{{kind=\"{kind}\"}}"));
+        }
+        for outcome in [
+            "stamped",
+            "unchanged",
+            "kept-on-error",
+            "kept-absent",
+            "kept-foreign",
+            "kept-unstamped",
+            "skipped",
+            "too-many-references",
+        ] {
+            for operation in ["CREATE", "UPDATE"] {
+                zero(&format!(
+                    "confighash_webhook_requests_total{{kind=\"Deployment\",operation=\"{operation}\",outcome=\"{outcome}\"}}"
+                ));
+            }
+        }
+        for outcome in ["bad-request", "busy", "timeout"] {
+            zero(&format!(
+                "confighash_webhook_requests_total{{kind=\"\",operation=\"\",outcome=\"{outcome}\"}}"
+            ));
+        }
+        zero(
+            "confighash_webhook_requests_total{kind=\"\",operation=\"other\",outcome=\"skipped\"}",
+        );
+        zero(
+            "confighash_webhook_requests_total{kind=\"\",operation=\"CREATE\",outcome=\"skipped\"}",
+        );
+        // Counting one of them adds no series.
+        let metrics = Metrics::new();
+        let before = metrics.encode().lines().count();
+        metrics.touch("error");
+        metrics.request("CronJob", "UPDATE", "kept-foreign");
+        metrics.lookup("Secret", "deadline");
+        metrics.change_seen("Secret");
+        metrics.set_watched("Rollout", 3);
+        assert_eq!(metrics.encode().lines().count(), before);
     }
 }

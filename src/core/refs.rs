@@ -18,6 +18,8 @@ pub enum ObjectKind {
 }
 
 impl ObjectKind {
+    pub const ALL: [ObjectKind; 2] = [ObjectKind::ConfigMap, ObjectKind::Secret];
+
     /// The kind name, as the API and the recipe spell it.
     pub fn as_str(self) -> &'static str {
         match self {

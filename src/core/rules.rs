@@ -127,6 +127,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Stamped,
+        Outcome::Unchanged,
+        Outcome::KeptOnError,
+        Outcome::KeptAbsent,
+        Outcome::KeptForeign,
+        Outcome::KeptUnstamped,
+        Outcome::Skipped,
+    ];
+
     /// The name used in metrics and logs.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -240,6 +240,8 @@ pub struct WorkloadEntry {
     /// It references more objects than `--max-references`, or carries the terminal
     /// `too-many-references` marker: never touched, its references not kept.
     pub too_many_references: bool,
+    /// Its creationTimestamp, in seconds since the Unix epoch.
+    pub created: Option<i64>,
 }
 
 impl WorkloadEntry {
@@ -273,6 +275,11 @@ impl WorkloadEntry {
             resource_version: text("/metadata/resourceVersion"),
             uid: text("/metadata/uid"),
             too_many_references: info.too_many_references,
+            created: obj
+                .pointer("/metadata/creationTimestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .map(|t| t.as_second()),
         }))
     }
 

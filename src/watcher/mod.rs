@@ -16,7 +16,7 @@ pub mod pace;
 use crate::core::names::FIELD_MANAGER;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
@@ -48,6 +48,19 @@ pub const SECRET_FIELD_SELECTOR: &str =
 pub const TOUCH_BURST: u32 = 20;
 /// The reason of the Warning Event on a workload over `--max-references`.
 pub const TOO_MANY_REFERENCES_REASON: &str = "TooManyReferences";
+/// The reason of the Warning Event on a workload whose touch keeps failing.
+pub const TOUCH_FAILED_REASON: &str = "TouchFailed";
+/// A touch that failed this many times in a row gets a `TouchFailed` Event (one failure alone is
+/// usually gone at the first retry).
+pub const TOUCH_FAILED_AFTER: u32 = 2;
+/// At most one `TouchFailed` Event per workload this often. Longer than kube's Event recorder
+/// keeps an Event to count repeats (6 minutes), so each one is a new Event whose message has the
+/// error and retry delay of its time, not those of the first.
+pub const TOUCH_FAILED_EVERY: Duration = Duration::from_secs(600);
+/// Workloads created within this of the watcher's start (or of their namespace opting in) are
+/// not counted as bypassing the webhook: the webhook may not have been reachable yet (readiness,
+/// endpoints), and the clocks of the node and the API server may differ a little.
+pub const BYPASS_GRACE: Duration = Duration::from_secs(30);
 
 /// How the watcher behaves.
 #[derive(Debug, Clone)]
@@ -72,6 +85,10 @@ pub struct WatcherConfig {
     /// Namespaces never touched whatever their labels: `kube-system`, confighash's own and
     /// `--exclude-namespaces`.
     pub excluded_namespaces: HashSet<String>,
+    /// Count workloads that did not pass through the webhook
+    /// (`confighash_workloads_bypassed_total`) when created this long after the watcher started
+    /// and their namespace opted in; `None` counts none.
+    pub bypass_grace: Option<Duration>,
 }
 
 impl Default for WatcherConfig {
@@ -87,6 +104,7 @@ impl Default for WatcherConfig {
             identity: "confighash".to_owned(),
             max_references: crate::webhook::admission::DEFAULT_MAX_REFERENCES,
             excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
+            bypass_grace: Some(BYPASS_GRACE),
         }
     }
 }
@@ -109,9 +127,18 @@ enum Input {
     WorkloadRelist(WorkloadKind, HashSet<WorkloadKey>),
     Synced(Stream),
     /// A touch that did not take: try again at this time, for the same changes.
-    Retry(WorkloadKey, Instant, Pending),
+    Retry(WorkloadKey, Instant, Pending, TouchFailure),
     /// A touch task ended (whatever its outcome): the workload may be touched again.
     TouchDone(WorkloadKey),
+}
+
+/// Why a touch did not take, for its Event.
+#[derive(Debug)]
+struct TouchFailure {
+    /// What failed (redacted: never content).
+    what: String,
+    /// When it is retried, from the failure.
+    retry_in: Duration,
 }
 
 /// A namespace's objects being listed after it opted in.
@@ -499,8 +526,8 @@ struct State {
     tx: mpsc::Sender<Input>,
     configs: ConfigStore,
     workloads: WorkloadIndex,
-    /// Namespaces opted in.
-    namespaces: HashSet<String>,
+    /// Namespaces opted in, with when this watcher saw them opt in.
+    namespaces: HashMap<String, SystemTime>,
     /// Namespaces known not to be opted in: their ConfigMaps and Secrets are not kept.
     excluded: HashSet<String>,
     /// Namespaces that opted in after being excluded, while their objects are listed.
@@ -522,6 +549,12 @@ struct State {
     recorder: Recorder,
     /// Workloads over `--max-references` whose Warning Event this replica has recorded.
     warned_too_many: HashSet<WorkloadKey>,
+    /// When the watcher started: workloads created before it are not counted as bypassing.
+    started: SystemTime,
+    /// Workloads counted as bypassing the webhook, with the uid counted (each uid once).
+    bypassed: HashMap<WorkloadKey, String>,
+    /// When each workload's last `TouchFailed` Event was recorded.
+    touch_failed_at: HashMap<WorkloadKey, Instant>,
 }
 
 const STREAMS: usize = 3 + WorkloadKind::ALL.len();
@@ -553,7 +586,7 @@ impl State {
             tx,
             configs: ConfigStore::default(),
             workloads: WorkloadIndex::default(),
-            namespaces: HashSet::new(),
+            namespaces: HashMap::new(),
             excluded: HashSet::new(),
             backfills: HashMap::new(),
             backfill_generation: 0,
@@ -565,20 +598,16 @@ impl State {
             next_resync: None,
             recorder,
             warned_too_many: HashSet::new(),
+            started: SystemTime::now(),
+            bypassed: HashMap::new(),
+            touch_failed_at: HashMap::new(),
         }
     }
 
     /// Records that a workload over `--max-references` is never stamped or rolled.
     fn warn_too_many_references(&self, key: &WorkloadKey, uid: &str) {
         let recorder = self.recorder.clone();
-        let reference = ObjectReference {
-            api_version: Some(api_resource(key.kind.kind()).api_version),
-            kind: Some(key.kind.kind().kind().to_owned()),
-            name: Some(key.name.clone()),
-            namespace: Some(key.namespace.clone()),
-            uid: (!uid.is_empty()).then(|| uid.to_owned()),
-            ..Default::default()
-        };
+        let reference = workload_reference(key, uid);
         let event = KubeEvent {
             type_: EventType::Warning,
             reason: TOO_MANY_REFERENCES_REASON.to_owned(),
@@ -594,6 +623,81 @@ impl State {
         tokio::spawn(async move {
             if let Err(e) = recorder.publish(&event, &reference).await {
                 tracing::warn!(workload = %key, error = %e, "cannot record the Event");
+            }
+        });
+    }
+
+    /// Counts a workload that did not pass through the webhook: created in an opted-in
+    /// namespace after the watcher started and the namespace opted in (with [`BYPASS_GRACE`]),
+    /// not opted out, and carrying neither a stamp nor the unstamped marker. Each uid once.
+    fn count_if_bypassed(&mut self, key: &WorkloadKey, entry: &WorkloadEntry) {
+        let Some(grace) = self.config.bypass_grace else {
+            return;
+        };
+        if entry.stamp.is_some() || entry.marker || entry.opted_out || entry.uid.is_empty() {
+            return;
+        }
+        let (Some(&opted_in), Some(created)) = (self.namespaces.get(&key.namespace), entry.created)
+        else {
+            return;
+        };
+        if self.bypassed.get(key) == Some(&entry.uid) {
+            return;
+        }
+        // creationTimestamp has whole seconds.
+        let after = unix_seconds(self.started.max(opted_in) + grace);
+        if created < after {
+            return;
+        }
+        self.bypassed.insert(key.clone(), entry.uid.clone());
+        self.metrics.workload_bypassed();
+        tracing::warn!(workload = %key, "a workload in an opted-in namespace carries neither a stamp nor the unstamped marker: the API server did not call the webhook when it was written");
+    }
+
+    /// Records a Warning Event saying what failed and when it is retried, once a workload's touch
+    /// has failed [`TOUCH_FAILED_AFTER`] times in a row, at most once per [`TOUCH_FAILED_EVERY`].
+    fn touch_failed(
+        &mut self,
+        key: &WorkloadKey,
+        failure: &TouchFailure,
+        failures: u32,
+        now: Instant,
+    ) {
+        if failures < TOUCH_FAILED_AFTER || !self.leadership.is_leader() {
+            return;
+        }
+        let Some(entry) = self.workloads.get(key) else {
+            return;
+        };
+        let recent = |at: &Instant| now.saturating_duration_since(*at) < TOUCH_FAILED_EVERY;
+        if self.touch_failed_at.get(key).is_some_and(recent) {
+            return;
+        }
+        self.touch_failed_at.retain(|_, at| recent(at));
+        self.touch_failed_at.insert(key.clone(), now);
+        let why = match self.pending.get(key) {
+            Some(p) if !p.changed.is_empty() => format!("after {}", changed_names(&p.changed)),
+            _ => "(its stamp is stale)".to_owned(),
+        };
+        let note = format!(
+            "re-stamping the pod template {why} failed {failures} times in a row: {}; \
+             retrying in {}",
+            failure.what,
+            format_delay(failure.retry_in)
+        );
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: TOUCH_FAILED_REASON.to_owned(),
+            note: Some(note),
+            action: "Restamp".to_owned(),
+            secondary: None,
+        };
+        let reference = workload_reference(key, &entry.uid);
+        let recorder = self.recorder.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(workload = %key, error = %crate::cluster::redact::kube_error(&e), "cannot record the Event");
             }
         });
     }
@@ -678,9 +782,10 @@ impl State {
             }) {
                 Some(true) => {
                     let was_excluded = self.excluded.remove(&name);
-                    if !self.namespaces.insert(name.clone()) {
+                    if self.namespaces.contains_key(&name) {
                         return;
                     }
+                    self.namespaces.insert(name.clone(), SystemTime::now());
                     if was_excluded {
                         // Its objects were left out: list them; compare once they are in.
                         self.start_backfill(name);
@@ -703,7 +808,7 @@ impl State {
                 }
             },
             Input::NamespaceRelist(seen) => {
-                self.namespaces.retain(|n| seen.contains(n));
+                self.namespaces.retain(|n, _| seen.contains(n));
                 self.excluded.retain(|n| seen.contains(n));
                 self.backfills.retain(|n, _| seen.contains(n));
             }
@@ -746,6 +851,7 @@ impl State {
                     {
                         self.warn_too_many_references(&key, &entry.uid);
                     }
+                    self.count_if_bypassed(&key, &entry);
                     self.workloads.upsert(key.clone(), entry);
                     // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                     // first, on another watch, and found nothing referencing it) is checked again
@@ -757,6 +863,8 @@ impl State {
                 }
                 None => {
                     self.warned_too_many.remove(&key);
+                    self.bypassed.remove(&key);
+                    self.touch_failed_at.remove(&key);
                     self.workloads.remove(&key);
                     self.pending.remove(&key);
                 }
@@ -764,6 +872,8 @@ impl State {
             Input::WorkloadRelist(kind, seen) => {
                 for key in self.workloads.keys_of(kind) {
                     if !seen.contains(&key) {
+                        self.bypassed.remove(&key);
+                        self.touch_failed_at.remove(&key);
                         self.workloads.remove(&key);
                         self.pending.remove(&key);
                     }
@@ -786,15 +896,17 @@ impl State {
                     p.due.get_or_insert(now);
                 }
             }
-            Input::Retry(key, at, failed) => {
+            Input::Retry(key, at, failed, failure) => {
                 self.metrics.touch_retry();
-                let p = self.pending.entry(key).or_default();
+                let failures = failed.attempt + 1;
+                let p = self.pending.entry(key.clone()).or_default();
                 p.due = Some(p.due.map_or(at, |d| d.min(at)));
                 // Keep what the touch was for, so the retry is the same kind of touch (a config
                 // change replaces a foreign stamp; reconcile would not) and its Event names it.
                 p.changed.extend(failed.changed);
-                p.attempt = p.attempt.max(failed.attempt + 1);
+                p.attempt = p.attempt.max(failures);
                 p.seen = p.seen.or(failed.seen);
+                self.touch_failed(&key, &failure, failures, now);
             }
         }
     }
@@ -880,7 +992,8 @@ impl State {
     /// Decides the stamp a workload should carry now, by the shared rules.
     fn decide(&self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
         let entry = self.workloads.get(key)?;
-        if !self.namespaces.contains(&key.namespace) || self.backfills.contains_key(&key.namespace)
+        if !self.namespaces.contains_key(&key.namespace)
+            || self.backfills.contains_key(&key.namespace)
         {
             return None;
         }
@@ -1024,11 +1137,10 @@ impl State {
         let done_key = key.clone();
         let task = tokio::spawn(async move {
             let outcome = touch(&client, &key, &expected).await;
-            let retry = |attempt: u32| {
-                let backoff = retry_base
+            let backoff = |attempt: u32| {
+                retry_base
                     .saturating_mul(1 << attempt.min(16))
-                    .min(max_retry);
-                Instant::now() + backoff
+                    .min(max_retry)
             };
             match outcome {
                 Ok(stamp)
@@ -1043,15 +1155,33 @@ impl State {
                     // The webhook kept the old stamp: its lookup failed. Try again later.
                     metrics.touch("kept-by-webhook");
                     tracing::warn!(workload = %key, "the webhook kept the old stamp; retrying");
-                    let at = retry(pending.attempt);
-                    let _ = tx.send(Input::Retry(key, at, pending)).await;
+                    let retry_in = backoff(pending.attempt);
+                    let failure = TouchFailure {
+                        what: "the webhook kept the old stamp (it could not read the referenced \
+                               ConfigMaps and Secrets)"
+                            .to_owned(),
+                        retry_in,
+                    };
+                    let at = Instant::now() + retry_in;
+                    let _ = tx.send(Input::Retry(key, at, pending, failure)).await;
                 }
                 Err(TouchError::Gone) => metrics.touch("gone"),
                 Err(TouchError::Api(e)) => {
                     metrics.touch("error");
-                    tracing::warn!(workload = %key, error = %crate::cluster::redact::kube_error(&e), "touch failed; retrying");
-                    let at = retry(pending.attempt);
-                    let _ = tx.send(Input::Retry(key, at, pending)).await;
+                    let error = crate::cluster::redact::kube_error(&e);
+                    tracing::warn!(workload = %key, error = %error, "touch failed; retrying");
+                    let retry_in = backoff(pending.attempt);
+                    let what = match &e {
+                        kube::Error::Api(s) if s.code == 403 => format!(
+                            "the patch was refused ({error}): confighash's RBAC must allow \
+                             patch on {}",
+                            api_resource(key.kind.kind()).plural
+                        ),
+                        _ => format!("the patch failed ({error})"),
+                    };
+                    let at = Instant::now() + retry_in;
+                    let failure = TouchFailure { what, retry_in };
+                    let _ = tx.send(Input::Retry(key, at, pending, failure)).await;
                 }
             }
         });
@@ -1189,7 +1319,6 @@ async fn record_event(
     changed: &BTreeSet<ConfigKey>,
     rolls_by_itself: bool,
 ) {
-    let kind = key.kind.kind();
     let what = if changed.is_empty() {
         "its stamp was stale".to_owned()
     } else {
@@ -1214,14 +1343,7 @@ async fn record_event(
             ),
         )
     };
-    let reference = ObjectReference {
-        api_version: Some(api_resource(kind).api_version),
-        kind: Some(kind.kind().to_owned()),
-        name: Some(key.name.clone()),
-        namespace: Some(key.namespace.clone()),
-        uid: (!uid.is_empty()).then(|| uid.to_owned()),
-        ..Default::default()
-    };
+    let reference = workload_reference(key, uid);
     let event = KubeEvent {
         type_,
         reason: "ConfigChanged".to_owned(),
@@ -1231,5 +1353,87 @@ async fn record_event(
     };
     if let Err(e) = recorder.publish(&event, &reference).await {
         tracing::warn!(workload = %key, error = %crate::cluster::redact::kube_error(&e), "cannot record the Event");
+    }
+}
+
+/// What an Event on a workload regards.
+fn workload_reference(key: &WorkloadKey, uid: &str) -> ObjectReference {
+    let kind = key.kind.kind();
+    ObjectReference {
+        api_version: Some(api_resource(kind).api_version),
+        kind: Some(kind.kind().to_owned()),
+        name: Some(key.name.clone()),
+        namespace: Some(key.namespace.clone()),
+        uid: (!uid.is_empty()).then(|| uid.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// "ConfigMap a changed", "ConfigMap a, Secret b changed"; the first few of many, so an Event's
+/// note stays short.
+fn changed_names(changed: &BTreeSet<ConfigKey>) -> String {
+    const SHOWN: usize = 3;
+    let names: Vec<String> = changed
+        .iter()
+        .take(SHOWN)
+        .map(|(_, r)| r.to_string())
+        .collect();
+    let mut text = names.join(", ");
+    if changed.len() > SHOWN {
+        text += &format!(" and {} more", changed.len() - SHOWN);
+    }
+    text + " changed"
+}
+
+/// A retry delay as people read it: milliseconds under a second, else whole seconds (`40s`,
+/// `10m`).
+fn format_delay(delay: Duration) -> String {
+    if delay < Duration::from_secs(1) {
+        format!("{}ms", delay.as_millis().max(1))
+    } else {
+        let seconds = Duration::from_secs(delay.as_secs_f64().round() as u64);
+        humantime::format_duration(seconds).to_string()
+    }
+}
+
+/// Whole seconds since the Unix epoch, as Kubernetes timestamps have them.
+fn unix_seconds(t: SystemTime) -> i64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs_f64().ceil() as u64).unwrap_or(i64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_read_as_people_write_them() {
+        assert_eq!(format_delay(Duration::from_millis(200)), "200ms");
+        assert_eq!(format_delay(Duration::ZERO), "1ms");
+        assert_eq!(format_delay(Duration::from_millis(40_400)), "40s");
+        assert_eq!(format_delay(Duration::from_secs(600)), "10m");
+    }
+
+    #[test]
+    fn changed_names_stay_short() {
+        let key = |kind, name: &str| ("shop".to_owned(), ObjectRef::new(kind, name.to_owned()));
+        let one = BTreeSet::from([key(ObjectKind::ConfigMap, "app-env")]);
+        assert_eq!(changed_names(&one), "ConfigMap app-env changed");
+        let many: BTreeSet<ConfigKey> = (0..5)
+            .map(|i| key(ObjectKind::Secret, &format!("s{i}")))
+            .collect();
+        assert_eq!(
+            changed_names(&many),
+            "Secret s0, Secret s1, Secret s2 and 2 more changed"
+        );
+    }
+
+    #[test]
+    fn unix_seconds_are_whole_seconds_rounded_down() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(10_900);
+        assert_eq!(unix_seconds(t), 10);
+        assert_eq!(unix_seconds(SystemTime::UNIX_EPOCH), 0);
     }
 }

@@ -226,15 +226,65 @@ pub async fn start(config: ServeConfig) -> Result<Running, ServeError> {
     start_with(config, Limits::default()).await
 }
 
+/// The listen backlog of both ports (tokio's own for `TcpListener::bind`).
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Listens on `addr` as `serve` does: with `SO_REUSEADDR` and a backlog of 1024, and for an IPv6
+/// address on both stacks (`IPV6_V6ONLY` off), so the default `[::]` accepts IPv4 clients too.
+/// Where `[::]` cannot be bound because the host has no IPv6, listens on `0.0.0.0` with the same
+/// port instead and logs it ([`ipv4_fallback`]); any other address is used as it is. Call it
+/// within a Tokio runtime.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    match listen_exactly(addr) {
+        Err(e) => match ipv4_fallback(addr, &e) {
+            Some(v4) => {
+                tracing::info!(requested = %addr, listen = %v4, error = %e,
+                    "IPv6 is not available on this host; listening on IPv4 only");
+                listen_exactly(v4)
+            }
+            None => Err(e),
+        },
+        listening => listening,
+    }
+}
+
+fn listen_exactly(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => {
+            let socket = tokio::net::TcpSocket::new_v6()?;
+            socket2::SockRef::from(&socket).set_only_v6(false)?;
+            socket
+        }
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Where to listen instead when listening on `addr` failed with `error`: `0.0.0.0` with the same
+/// port when `addr` is the unspecified IPv6 address and the error says the host has no IPv6
+/// (`EAFNOSUPPORT`: the kernel has no IPv6; `EADDRNOTAVAIL`, `EPROTONOSUPPORT`: IPv6 disabled);
+/// `None` otherwise.
+pub fn ipv4_fallback(addr: SocketAddr, error: &std::io::Error) -> Option<SocketAddr> {
+    let SocketAddr::V6(v6) = addr else {
+        return None;
+    };
+    let no_ipv6 = error.kind() == std::io::ErrorKind::AddrNotAvailable
+        || matches!(
+            error.raw_os_error(),
+            Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL | libc::EPROTONOSUPPORT)
+        );
+    (v6.ip().is_unspecified() && no_ipv6)
+        .then(|| SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, v6.port())))
+}
+
 /// Binds both ports and starts serving within `limits`.
 pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, ServeError> {
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Listen { addr, source })
-    };
-    let listener = bind(config.listen).await?;
-    let admin_listener = bind(config.admin_listen).await?;
+    let bind =
+        |addr: SocketAddr| listen(addr).map_err(|source| ServeError::Listen { addr, source });
+    let listener = bind(config.listen)?;
+    let admin_listener = bind(config.admin_listen)?;
     let webhook_addr = listener.local_addr().unwrap_or(config.listen);
     let admin_addr = admin_listener.local_addr().unwrap_or(config.admin_listen);
     let (stop, stopped) = watch::channel(false);
@@ -919,6 +969,54 @@ async fn drive<I>(
                     return;
                 }
             },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn only_the_unspecified_ipv6_address_falls_back_to_ipv4_and_only_without_ipv6() {
+        let any6: SocketAddr = "[::]:8443".parse().unwrap();
+        let any4: SocketAddr = "0.0.0.0:8443".parse().unwrap();
+        let no_ipv6 = [
+            Error::from_raw_os_error(libc::EAFNOSUPPORT),
+            Error::from_raw_os_error(libc::EADDRNOTAVAIL),
+            Error::from_raw_os_error(libc::EPROTONOSUPPORT),
+            Error::from(ErrorKind::AddrNotAvailable),
+        ];
+        for e in &no_ipv6 {
+            assert_eq!(ipv4_fallback(any6, e), Some(any4), "{e}");
+            assert_eq!(
+                ipv4_fallback("[::]:8080".parse().unwrap(), e),
+                Some("0.0.0.0:8080".parse().unwrap()),
+                "{e}: the same port"
+            );
+            // Any other address is used as it is.
+            for explicit in [
+                "[::1]:8443",
+                "[fd00::1]:8443",
+                "0.0.0.0:8443",
+                "127.0.0.1:8443",
+            ] {
+                assert_eq!(
+                    ipv4_fallback(explicit.parse().unwrap(), e),
+                    None,
+                    "{explicit}"
+                );
+            }
+        }
+        // Other errors are not about IPv6.
+        for e in [
+            Error::from_raw_os_error(libc::EADDRINUSE),
+            Error::from_raw_os_error(libc::EACCES),
+            Error::from(ErrorKind::AddrInUse),
+            Error::from(ErrorKind::PermissionDenied),
+        ] {
+            assert_eq!(ipv4_fallback(any6, &e), None, "{e}");
         }
     }
 }

@@ -78,6 +78,27 @@ pub async fn start_polling(
     client_ca: Option<Arc<ClientCaStore>>,
     cert_poll: Duration,
 ) -> Server {
+    let loopback: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    start_at(
+        loopback,
+        loopback,
+        limits,
+        header_read_timeout,
+        client_ca,
+        cert_poll,
+    )
+    .await
+}
+
+/// [`start_polling`], listening on these addresses.
+pub async fn start_at(
+    listen: SocketAddr,
+    admin_listen: SocketAddr,
+    limits: Limits,
+    header_read_timeout: Duration,
+    client_ca: Option<Arc<ClientCaStore>>,
+    cert_poll: Duration,
+) -> Server {
     let ca = TestCa::new("ports test CA");
     let pair = ca.issue(&["localhost", "127.0.0.1"]);
     let dir = tempfile::tempdir().unwrap();
@@ -94,8 +115,8 @@ pub async fn start_polling(
     ));
     let running = serve::start_with(
         ServeConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            listen,
+            admin_listen,
             certs: store,
             client_ca,
             webhook,
