@@ -39,7 +39,8 @@
 //! `CONFIGHASH_ATTACK_R` (default `10000,256`), `CONFIGHASH_ATTACK_SERVE_ARGS` (extra serve
 //! arguments, split on whitespace), `CONFIGHASH_ATTACK_BINARY` (use this binary, no build),
 //! `CONFIGHASH_ATTACK_PROBE_MS` (50), `CONFIGHASH_BENCH_QUICK=1` or `-- --quick` (N = 10,
-//! R = 10000 and 256, 1 s baseline).
+//! R = 10000 and 256, 1 s baseline), `CONFIGHASH_ATTACK_ORDER=descending` (the names that exist
+//! nowhere in descending order, so that each sorts before every name seen so far).
 //!
 //! `--list` prints nothing and exits. Without `--bench` (as `cargo test --benches` runs it) the
 //! binary only checks its own setup (the stand-in, the reviews, the token's RBAC, the GET count)
@@ -209,7 +210,12 @@ fn deployment(name: &str, annotations: Value, container: Value) -> Value {
 /// (`c` + 3 digits of `k` + at least 4 of the index: 8 characters below 10,000).
 fn attack_names(k: usize, r: usize) -> String {
     let mut names: Vec<String> = CONFIG_MAPS.iter().map(|s| (*s).to_owned()).collect();
-    names.extend((0..r - CONFIG_MAPS.len()).map(|i| format!("c{k:03}{i:04}")));
+    let absent = (0..r - CONFIG_MAPS.len()).map(|i| format!("c{k:03}{i:04}"));
+    if std::env::var("CONFIGHASH_ATTACK_ORDER").is_ok_and(|o| o == "descending") {
+        names.extend(absent.rev());
+    } else {
+        names.extend(absent);
+    }
     names.join(",")
 }
 

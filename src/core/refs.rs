@@ -87,15 +87,44 @@ pub struct RefSpec {
 ///
 /// A sorted vector rather than a map: workloads reference a handful of objects, and the watcher
 /// keeps one of these per workload.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Built within a limit of distinct objects ([`discover_within`]): past it nothing more is kept
+/// and [`References::over_limit`] says so, so neither the time nor the memory of discovery grows
+/// with what a workload claims to reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct References {
     refs: Vec<(ObjectRef, RefSpec)>,
     rejected: Vec<ObjectRef>,
+    limit: usize,
+    over_limit: bool,
 }
 
+impl Default for References {
+    fn default() -> Self {
+        References {
+            refs: Vec::new(),
+            rejected: Vec::new(),
+            limit: usize::MAX,
+            over_limit: false,
+        }
+    }
+}
+
+/// At most this many invalid names are kept for warnings ([`References::rejected`]).
+pub const MAX_REJECTED: usize = 16;
+
 impl References {
+    /// No references yet; at most `limit` distinct objects will be kept.
+    pub fn within(limit: usize) -> Self {
+        References {
+            limit,
+            ..References::default()
+        }
+    }
+
     /// Adds one reference, merging it with earlier ones to the same object.
-    /// Empty names are not references (the API server refuses them).
+    /// Empty names are not references (the API server refuses them). A new object past the
+    /// limit is not kept: [`References::over_limit`] turns true.
     pub fn add(&mut self, kind: ObjectKind, name: &str, selection: Selection, optional: bool) {
         if name.is_empty() {
             return;
@@ -109,6 +138,7 @@ impl References {
                 spec.selection.merge(selection);
                 spec.optional &= optional;
             }
+            Err(_) if self.refs.len() >= self.limit => self.over_limit = true,
             Err(i) => self.refs.insert(
                 i,
                 (
@@ -145,15 +175,31 @@ impl References {
         self.rejected.shrink_to_fit();
     }
 
-    /// Names in the extra-reference annotations that are not valid object names, left out.
+    /// Names in the extra-reference annotations that are not valid object names, left out (the
+    /// first [`MAX_REJECTED`]).
     pub fn rejected(&self) -> &[ObjectRef] {
         &self.rejected
+    }
+
+    /// The workload references more distinct objects than the limit it was discovered within;
+    /// only the first ones found were kept.
+    pub fn over_limit(&self) -> bool {
+        self.over_limit
     }
 }
 
 /// Finds every reference of a pod spec and of the workload's metadata annotations.
 pub fn discover(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) -> References {
-    let mut refs = References::default();
+    discover_within(spec, annotations, usize::MAX)
+}
+
+/// [`discover`], keeping at most `limit` distinct objects ([`References::over_limit`]).
+pub fn discover_within(
+    spec: &PodSpec,
+    annotations: Option<&BTreeMap<String, String>>,
+    limit: usize,
+) -> References {
+    let mut refs = References::within(limit);
     let init = spec.init_containers.as_deref().unwrap_or_default();
     let containers = init.iter().chain(&spec.containers);
 
@@ -179,12 +225,16 @@ pub fn discover(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) 
                 .into_iter()
                 .flat_map(|v| split_names(v))
             {
+                if refs.over_limit {
+                    break;
+                }
                 if is_object_name(name) {
                     refs.add(kind, name, Selection::Whole, false);
-                } else if !refs
-                    .rejected
-                    .iter()
-                    .any(|r| r.kind == kind && r.name == name)
+                } else if refs.rejected.len() < MAX_REJECTED
+                    && !refs
+                        .rejected
+                        .iter()
+                        .any(|r| r.kind == kind && r.name == name)
                 {
                     refs.rejected.push(ObjectRef::new(kind, name));
                 }
@@ -325,5 +375,53 @@ fn items(items: &Option<Vec<KeyToPath>>) -> Selection {
     match items.as_deref() {
         None | Some([]) => Selection::Whole,
         Some(items) => Selection::Keys(items.iter().map(|i| i.key.clone()).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn annotations(key: &str, names: impl Iterator<Item = String>) -> BTreeMap<String, String> {
+        BTreeMap::from([(key.to_owned(), names.collect::<Vec<_>>().join(","))])
+    }
+
+    #[test]
+    fn discovery_stops_at_the_limit_whatever_the_order_of_the_names() {
+        let spec = PodSpec::default();
+        // Reverse order: every name would be inserted at the front of the sorted list.
+        let many = annotations(
+            EXTRA_CONFIGMAPS_ANNOTATION,
+            (0..10_000).rev().map(|i| format!("cm-{i:05}")),
+        );
+        let refs = discover_within(&spec, Some(&many), 256);
+        assert!(refs.over_limit());
+        assert_eq!(refs.len(), 256);
+
+        // Exactly at the limit (and the same name repeated) is not over it.
+        let at_limit = annotations(
+            EXTRA_SECRETS_ANNOTATION,
+            (0..512).map(|i| format!("s-{:03}", i % 256)),
+        );
+        let refs = discover_within(&spec, Some(&at_limit), 256);
+        assert!(!refs.over_limit());
+        assert_eq!(refs.len(), 256);
+
+        // Without a limit every distinct object is kept.
+        let refs = discover(&spec, Some(&many));
+        assert!(!refs.over_limit());
+        assert_eq!(refs.len(), 10_000);
+    }
+
+    #[test]
+    fn invalid_names_kept_for_warnings_are_bounded() {
+        let invalid = annotations(
+            EXTRA_CONFIGMAPS_ANNOTATION,
+            (0..10_000).map(|i| format!("Not_A_Name_{i}")),
+        );
+        let refs = discover_within(&PodSpec::default(), Some(&invalid), 256);
+        assert_eq!(refs.rejected().len(), MAX_REJECTED);
+        assert!(refs.is_empty());
+        assert!(!refs.over_limit());
     }
 }

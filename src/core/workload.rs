@@ -126,6 +126,17 @@ pub struct WorkloadInfo {
 
 /// Reads an object of a known workload kind.
 pub fn analyze(kind: WorkloadKind, obj: &Value) -> Result<Analysis, WorkloadError> {
+    analyze_within(kind, obj, usize::MAX)
+}
+
+/// [`analyze`], keeping at most `max_references` distinct referenced objects (see
+/// [`References::over_limit`]): what `serve` uses, so the cost of a workload that names
+/// thousands of objects stops at the limit.
+pub fn analyze_within(
+    kind: WorkloadKind,
+    obj: &Value,
+    max_references: usize,
+) -> Result<Analysis, WorkloadError> {
     if kind == WorkloadKind::Rollout && !obj.pointer("/spec/workloadRef").is_none_or(Value::is_null)
     {
         return Ok(Analysis::WorkloadRef);
@@ -150,7 +161,7 @@ pub fn analyze(kind: WorkloadKind, obj: &Value) -> Result<Analysis, WorkloadErro
         name: string_at(metadata, "name"),
         namespace: string_at(metadata, "namespace"),
         opted_out: labels.is_some_and(|l| l.get(ENABLED_LABEL).is_some_and(|v| v == "false")),
-        refs: refs::discover(&spec, annotations.as_ref()),
+        refs: refs::discover_within(&spec, annotations.as_ref(), max_references),
         stamp: template_annotations.and_then(|mut a| a.remove(CHECKSUM_ANNOTATION)),
         marker: annotations
             .as_ref()

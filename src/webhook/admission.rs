@@ -580,7 +580,7 @@ impl Webhook {
                 .request(label, operation, Outcome::Skipped.as_str());
             return Ok(None);
         };
-        let info = match workload::analyze(kind, object) {
+        let info = match workload::analyze_within(kind, object, self.max_references) {
             Ok(Analysis::Workload(info)) => info,
             Ok(_) => {
                 self.metrics
@@ -610,14 +610,13 @@ impl Webhook {
         };
 
         let key = self.keys.current();
-        let too_many = !info.opted_out && info.refs.len() > self.max_references;
+        let too_many = !info.opted_out && info.refs.over_limit();
         let lookup = if info.opted_out {
             // Rule 4 needs no lookup.
             Lookup::Failed
         } else if too_many {
             // Rule 1, terminal: nothing is read.
             tracing::warn!(
-                references = info.refs.len(),
                 max_references = self.max_references,
                 "the workload references more objects than --max-references; nothing is read"
             );
