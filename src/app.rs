@@ -673,6 +673,11 @@ impl Serving {
         }
     }
 
+    /// Stops the watcher (the webhook keeps serving).
+    pub fn stop_watcher(&mut self) {
+        self.watcher.abort_all();
+    }
+
     /// Stops the watcher and the background tasks, releases the Lease when this replica leads
     /// (so that another takes over at once instead of when it expires), and stops the server
     /// gracefully ([`Running::shutdown`]).
