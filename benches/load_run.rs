@@ -5,8 +5,9 @@
 //! - the in-memory API server of `tests/apiserver`, with `NAMESPACES` opted-in namespaces that
 //!   each hold the 10 ConfigMaps and Secrets of the webhook benchmarks' Deployment, and the RBAC
 //!   of `deploy/` enforced on confighash's ServiceAccount token;
-//! - confighash's webhook, started with `serve::start` as `confighash serve` starts it (TLS from
-//!   a kubelet-style Secret volume, `KubeSource` lookups through a `kube::Client` to the stand-in);
+//! - confighash's webhook, started by `confighash::app::App` as `confighash serve` starts it
+//!   (without the watcher; TLS from a kubelet-style Secret volume, the key from a file, lookups
+//!   through a `kube::Client` to the stand-in);
 //! - an open-loop load generator: `CONFIGHASH_LOAD_RATE` reviews/s (300) for
 //!   `CONFIGHASH_LOAD_SECS` (60), each send spawned at its scheduled time (never waiting for
 //!   earlier replies), latency from the scheduled time to the end of the reply body. Requests go
@@ -58,17 +59,13 @@ use std::time::{Duration, Instant};
 use apiserver::server::InjectedFault;
 use apiserver::{ApiServer, HttpsClient, TestCa};
 use base64::Engine;
-use confighash::admin::health::Health;
 use confighash::admin::metrics::Metrics;
-use confighash::certs::key::KeyStore;
+use confighash::app::{self, App, Serving};
 use confighash::core::checksum::StampKey;
 use confighash::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
 use confighash::core::rules::Lookup;
 use confighash::core::workload::{self, Analysis, WorkloadKind};
-use confighash::webhook::admission::Webhook;
-use confighash::webhook::lookup::{self, Fetched, KubeSource};
-use confighash::webhook::server::{self as serve, Running, ServeConfig};
-use confighash::webhook::tls::CertStore;
+use confighash::webhook::lookup::{self, Fetched};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
@@ -94,8 +91,8 @@ const NS_PLACEHOLDER: &str = "@@ns@@@@";
 const UID_PLACEHOLDER: &str = "@@@@@@@@-@@@@-@@@@-@@@@-@@@@@@@@@@@@";
 /// How long the webhook's lookups may take (`--lookup-deadline` default).
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
-/// `confighash serve`'s certificate reload interval (`serve::CERT_POLL`).
-const CERT_POLL: Duration = Duration::from_secs(10);
+/// `confighash serve`'s certificate reload interval.
+const CERT_POLL: Duration = app::CERT_POLL;
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -445,7 +442,7 @@ async fn expected_stamp(key: &StampKey) -> String {
 
 struct Env {
     api: ApiServer,
-    running: Running,
+    serving: Serving,
     metrics: Arc<Metrics>,
     url: String,
     addr: SocketAddr,
@@ -525,38 +522,39 @@ async fn start(options: &Options) -> Env {
         result.as_ref().expect("create a referenced object");
     }
 
-    // The webhook, as `confighash serve` starts it.
+    // The webhook, as `confighash serve` starts it (without the watcher: no workloads here).
     let ca = TestCa::new("load_run CA");
     let volume = {
         let pair = ca.issue(SERVING_NAMES);
         SecretVolume::new(&pair.cert_pem, &pair.key_pem)
     };
-    let metrics = Arc::new(Metrics::new());
-    let webhook = Arc::new(
-        Webhook::new(
-            Arc::new(KubeSource::new(confighash)),
-            Arc::new(KeyStore::new(key)),
-            metrics.clone(),
-        )
-        .with_lookup_deadline(LOOKUP_DEADLINE),
-    );
-    let running = serve::start(ServeConfig {
+    let key_dir = tempfile::tempdir().expect("a temporary directory");
+    let key_file = key_dir.path().join("key");
+    std::fs::write(&key_file, fixture::KEY).expect("write the key file");
+    let config = app::Config {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
-        certs: CertStore::load(volume.cert(), volume.key()).expect("the serving pair"),
-        client_ca: None,
-        webhook,
-        health: Arc::new(Health::default()),
+        key: app::KeySource::File(key_file),
+        certs: app::CertSource {
+            cert: volume.cert(),
+            key: volume.key(),
+            self_signed: None,
+        },
+        lookup_deadline: LOOKUP_DEADLINE,
         cert_poll: options.cert_poll,
-        header_read_timeout: Duration::from_secs(10),
-        drain_timeout: Duration::from_secs(20),
-    })
-    .await
-    .expect("the webhook starts");
-    let addr = running.webhook_addr;
+        ..app::Config::default()
+    };
+    let serving = App::from_config(config, confighash)
+        .await
+        .expect("confighash starts")
+        .start_without_watcher()
+        .await
+        .expect("the webhook starts");
+    let metrics = serving.metrics().clone();
+    let addr = serving.webhook_addr();
     Env {
         api,
-        running,
+        serving,
         metrics,
         url: format!("https://127.0.0.1:{}/mutate", addr.port()),
         addr,
@@ -1283,7 +1281,7 @@ async fn run(options: Options) -> Vec<String> {
         .find(|l| l.starts_with("confighash_certificate_reloads_total"))
         .map(str::to_owned)
         .unwrap_or_default();
-    env.running.shutdown().await;
+    env.serving.shutdown().await;
 
     // Report.
     println!();

@@ -1,8 +1,9 @@
 //! Watcher latency: a ConfigMap change seen on the watch, to the touch of its one dependent.
 //!
 //! Everything runs in this process, wired as `tests/e2e/support.rs` does it: the in-memory API
-//! server, confighash's webhook over HTTPS registered in its admission chain, and the watcher
-//! (leader, change window 1 ms, token bucket not limiting, long resync). 2,000 Deployments each
+//! server, and confighash started by `confighash::app::App` (its webhook over HTTPS registered in
+//! the admission chain, and the watcher: leader, change window 1 ms, token bucket not limiting,
+//! long resync). 2,000 Deployments each
 //! reference their own ConfigMap; then `CHANGES` of those ConfigMaps are changed one by one at a
 //! steady pace.
 //!
@@ -25,16 +26,8 @@ use std::time::{Duration, Instant};
 
 use apiserver::{ApiServer, TestCerts};
 use base64::Engine;
-use confighash::admin::health::Health;
 use confighash::admin::metrics::Metrics;
-use confighash::certs::key::KeyStore;
-use confighash::core::checksum::StampKey;
-use confighash::watcher::leader::Leadership;
-use confighash::watcher::{self, WatcherConfig};
-use confighash::webhook::admission::Webhook;
-use confighash::webhook::lookup::KubeSource;
-use confighash::webhook::server::{self as serve, ServeConfig};
-use confighash::webhook::tls::CertStore;
+use confighash::app::{self, App};
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -99,51 +92,46 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
     }
     let api = ApiServer::start().await;
     let client = api.client();
-    let metrics = Arc::new(Metrics::new());
-    let keys = Arc::new(KeyStore::new(
-        StampKey::new(KEY.to_vec()).expect("a stamp key"),
-    ));
-    let config = WatcherConfig {
-        // The smallest window the CLI allows is > 0.
-        debounce: Duration::from_millis(1),
-        resync: Duration::from_secs(3600),
-        max_touches_per_second: 1e9,
-        retry_base: Duration::from_millis(100),
-        ..Default::default()
-    };
-
-    // The webhook, as tests/e2e/support.rs starts and registers it.
+    // confighash, as `confighash serve` starts it, with the webhook registered as
+    // tests/e2e/support.rs does; the watcher starts once the objects exist.
     let certs = TestCerts::generate();
     let dir = tempfile::tempdir().expect("a temporary directory");
     std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).expect("write the certificate");
     std::fs::write(dir.path().join("tls.key"), &certs.key_pem).expect("write the key");
-    let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key"))
-        .expect("the serving pair");
-    let webhook = Arc::new(
-        Webhook::new(
-            Arc::new(KubeSource::new(client.clone())),
-            keys.clone(),
-            metrics.clone(),
-        )
-        .with_lookup_deadline(Duration::from_secs(2))
-        .with_options(config.rules),
-    );
-    let running = serve::start(ServeConfig {
+    std::fs::write(dir.path().join("key"), KEY).expect("write the stamp key");
+    let config = app::Config {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
-        certs: store,
-        client_ca: None,
-        webhook,
-        health: Arc::new(Health::default()),
+        key: app::KeySource::File(dir.path().join("key")),
+        certs: app::CertSource {
+            cert: dir.path().join("tls.crt"),
+            key: dir.path().join("tls.key"),
+            self_signed: None,
+        },
+        watcher: app::WatcherSettings {
+            // The smallest window the CLI allows is > 0.
+            debounce: Duration::from_millis(1),
+            resync: Duration::from_secs(3600),
+            max_touches_per_second: 1e9,
+            retry_base: Duration::from_millis(100),
+            ..Default::default()
+        },
         cert_poll: Duration::from_secs(60),
         header_read_timeout: Duration::from_secs(5),
         drain_timeout: Duration::from_secs(5),
-    })
-    .await
-    .expect("the webhook serves");
+        ..app::Config::default()
+    };
+    let mut serving = App::from_config(config, client.clone())
+        .await
+        .expect("confighash starts")
+        .start_without_watcher()
+        .await
+        .expect("the webhook serves");
+    let metrics = serving.metrics().clone();
+    let webhook_port = serving.webhook_addr().port();
     register_webhook(
         &client,
-        &format!("https://127.0.0.1:{}/mutate", running.webhook_addr.port()),
+        &format!("https://127.0.0.1:{webhook_port}/mutate"),
         &certs.ca_pem,
     )
     .await;
@@ -210,13 +198,7 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
 
     // The watcher.
     let sync_start = Instant::now();
-    let watcher_task = tokio::spawn(watcher::run(
-        client.clone(),
-        keys.clone(),
-        Leadership::always(),
-        metrics.clone(),
-        config,
-    ));
+    serving.start_watcher();
     while !metrics
         .encode()
         .lines()
@@ -271,22 +253,20 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
         .expect("unregister the webhook");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let phase_b = phase(&client, &metrics, &observed, &b, pace).await;
-    watcher_task.abort();
+    serving.stop_watcher();
     cm_observer.abort();
     deploy_observer.abort();
     // Registered again for the diagnosis.
     register_webhook(
         &client,
-        &format!("https://127.0.0.1:{}/mutate", running.webhook_addr.port()),
+        &format!("https://127.0.0.1:{webhook_port}/mutate"),
         &certs.ca_pem,
     )
     .await;
     let mut round_trips = diagnose_round_trips(&client).await;
-    round_trips.extend(
-        diagnose_webhook_connections(&client, running.webhook_addr.port(), &certs.ca_pem).await,
-    );
+    round_trips.extend(diagnose_webhook_connections(&client, webhook_port, &certs.ca_pem).await);
     let encoded = metrics.encode();
-    running.shutdown().await;
+    serving.shutdown().await;
 
     let counter = |name: &str| -> f64 {
         encoded

@@ -1,16 +1,32 @@
-//! The composition root: `confighash serve` wired from its configuration, the one place where
-//! the parts meet (the client, the key, the certificates, the webhook, the watcher, leader
-//! election and the admin port).
+//! The composition root: `confighash serve` wired from its [`Config`], the one place where the
+//! parts meet (the client, the key, the certificates, the webhook, the watcher, leader election
+//! and the admin port).
+//!
+//! [`cli`](crate::cli) turns the flags into a [`Config`]; `main` fits it under the open-file
+//! limit ([`Config::fit_open_files`]), builds the Kubernetes client, then [`App::from_config`]
+//! loads and builds every part and [`App::run_until`] serves until SIGTERM or SIGINT
+//! ([`shutdown_signal`]). Each part is built by one associated function ([`App::webhook`],
+//! [`App::watcher_config`], [`App::leader_config`], [`App::certificates`], [`App::start_server`],
+//! ...), which harnesses that restart a single part call too.
 
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
+
 use crate::admin::health::Health;
 use crate::admin::metrics::Metrics;
+use crate::certs::key::KeyStore;
+use crate::certs::selfsigned::SelfSignedConfig;
+use crate::watcher::WatcherConfig;
+use crate::watcher::leader::{LeaderConfig, Leadership};
 use crate::webhook::admission::{self, Webhook};
 use crate::webhook::server::{
-    AdminLimits, Fit, Limits, NoRoom, RESERVED_FILES, ServeConfig, ServeError, fit_max_connections,
-    open_file_limit, raise_open_file_limit, start_with,
+    AdminLimits, Fit, Limits, NoRoom, RESERVED_FILES, Running, ServeConfig, ServeError,
+    fit_max_connections, open_file_limit, raise_open_file_limit, start_with,
 };
 use crate::webhook::tls::{CertStore, ClientCaStore};
 
@@ -36,166 +52,704 @@ pub enum RunError {
 }
 
 /// How often the certificate files are re-read.
-const CERT_POLL: Duration = Duration::from_secs(10);
+pub const CERT_POLL: Duration = Duration::from_secs(10);
 /// From accept, a client must finish its TLS handshake and send its first request head within
 /// this; also each later HTTP/1.1 request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// A review must be received and answered within this from its head (more when
 /// `--lookup-deadline` needs it). The API server gives up after the configuration's
 /// `timeoutSeconds` (5 s in `deploy/`) anyway; this bounds what a client that is not the API
 /// server can hold.
 const REQUEST_TIMEOUT: Duration = admission::DEFAULT_REQUEST_TIMEOUT;
+/// The lookups must fit in the request timeout, with this to spare for the body.
+const REQUEST_SLACK: Duration = Duration::from_secs(5);
 /// In-flight requests get this long at shutdown (below the pod's 30 s grace period).
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// Runs `confighash serve` until SIGTERM or SIGINT, then shuts down gracefully.
-pub async fn run(args: crate::cli::ServeArgs) -> Result<(), RunError> {
-    // Before anything opens files or connections.
-    let max_connections = size_connections(args.max_connections, AdminLimits::default())?;
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
-    let client = crate::cluster::client::build(config).map_err(RunError::Client)?;
-    let namespace = client.default_namespace().to_owned();
-    let mut background = Vec::new();
-    let keys = match &args.key_file {
-        Some(path) => crate::certs::key::from_file(path)?,
-        None => {
-            let keys = crate::certs::key::from_secret(client.clone(), &namespace, &args.key_secret)
-                .await?;
-            background.push(tokio::spawn(crate::certs::key::watch_secret(
-                keys.clone(),
-                client.clone(),
-                namespace.clone(),
-                args.key_secret.clone(),
-            )));
-            keys
+// ---------------------------------------------------------------------------------------------
+// The configuration
+
+/// Everything `confighash serve` runs with, in plain types. [`Config::default`] is what the
+/// command line gives without flags outside a cluster (leader election off).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Address of the webhook (HTTPS), `--listen`.
+    pub listen: SocketAddr,
+    /// Address of the admin port (plain HTTP: /livez, /readyz, /metrics), `--admin-listen`.
+    pub admin_listen: SocketAddr,
+    /// Where the stamp key comes from.
+    pub key: KeySource,
+    /// Where the serving certificate comes from.
+    pub certs: CertSource,
+    /// With a CA file, the webhook requires client certificates it signed (`--client-ca-file`).
+    pub client_ca_file: Option<PathBuf>,
+    /// Webhook connections served at once (`--max-connections`); [`Config::fit_open_files`]
+    /// lowers it to fit under the open-file limit.
+    pub max_connections: usize,
+    /// One deadline for all lookups of a review (`--lookup-deadline`).
+    pub lookup_deadline: Duration,
+    /// Distinct ConfigMaps and Secrets a workload may reference (`--max-references`).
+    pub max_references: usize,
+    /// Namespaces never read or touched besides `kube-system` and the pod's own
+    /// (`--exclude-namespaces`).
+    pub exclude_namespaces: Vec<String>,
+    /// `--roll-on-delete` and `--stamp-existing`.
+    pub rules: crate::core::rules::Options,
+    /// The watcher's pace.
+    pub watcher: WatcherSettings,
+    /// Whether one leader is elected among replicas, and on which Lease.
+    pub leader_election: LeaderElection,
+    /// This replica's name in the Lease and in Events; `None`: the pod name (or host name) plus
+    /// a random suffix ([`LeaderConfig::default_identity`]), chosen once by
+    /// [`App::from_config`].
+    pub identity: Option<String>,
+    /// How often the certificate files (and the client CA) are re-read.
+    pub cert_poll: Duration,
+    /// From accept, the TLS handshake and the first request head must arrive within this.
+    pub header_read_timeout: Duration,
+    /// How long in-flight requests get to finish at shutdown.
+    pub drain_timeout: Duration,
+}
+
+/// Where the stamp key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A file: its bytes exactly as they are (`--key-file`).
+    File(PathBuf),
+    /// Data key `key` of this Secret in the pod's namespace, created when absent and reloaded
+    /// when it changes (`--key-secret`).
+    Secret(String),
+}
+
+/// Where the serving certificate comes from: files, re-read when they change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertSource {
+    /// The serving certificate (PEM), `--tls-cert`.
+    pub cert: PathBuf,
+    /// Its private key (PEM), `--tls-key`.
+    pub key: PathBuf,
+    /// Made and kept by confighash itself, and written to the two files
+    /// (`--self-signed-certs`); `None`: written by something else (cert-manager, a Secret
+    /// volume).
+    pub self_signed: Option<SelfSigned>,
+}
+
+/// The names `--self-signed-certs` works with, all in the pod's namespace but the cluster-wide
+/// webhook configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfSigned {
+    /// The Secret that holds the CA and the serving pair (`--certs-secret`).
+    pub secret: String,
+    /// The webhook's Service, whose DNS names the certificate carries (`--service`).
+    pub service: String,
+    /// The MutatingWebhookConfiguration whose caBundle is kept current
+    /// (`--webhook-configuration`).
+    pub webhook_configuration: String,
+}
+
+/// The watcher's pace.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WatcherSettings {
+    /// The change window (`--debounce`).
+    pub debounce: Duration,
+    /// Reconcile period (`--resync`).
+    pub resync: Duration,
+    /// Cluster-wide touch rate (`--max-touches-per-second`).
+    pub max_touches_per_second: f64,
+    /// List page size.
+    pub page_size: u32,
+    /// How often kinds the cluster does not serve are looked for again.
+    pub kind_recheck: Duration,
+    /// First retry delay of a touch the webhook did not confirm.
+    pub retry_base: Duration,
+}
+
+/// Leader election among replicas.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderElection {
+    /// Elect one leader to touch workloads (`--leader-elect`); off, this replica always leads.
+    pub enabled: bool,
+    /// The Lease in the pod's namespace (`--lease`).
+    pub lease: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8443)),
+            admin_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            key: KeySource::Secret(DEFAULT_KEY_SECRET.to_owned()),
+            certs: CertSource {
+                cert: PathBuf::from(DEFAULT_TLS_CERT),
+                key: PathBuf::from(DEFAULT_TLS_KEY),
+                self_signed: None,
+            },
+            client_ca_file: None,
+            max_connections: crate::webhook::server::DEFAULT_MAX_CONNECTIONS,
+            lookup_deadline: admission::DEFAULT_LOOKUP_DEADLINE,
+            max_references: admission::DEFAULT_MAX_REFERENCES,
+            exclude_namespaces: Vec::new(),
+            rules: crate::core::rules::Options::default(),
+            watcher: WatcherSettings::default(),
+            leader_election: LeaderElection {
+                enabled: false,
+                lease: crate::watcher::leader::DEFAULT_LEASE_NAME.to_owned(),
+            },
+            identity: None,
+            cert_poll: CERT_POLL,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            drain_timeout: DRAIN_TIMEOUT,
         }
-    };
-    tracing::info!(key_id = keys.current().id(), "checksum key loaded");
-    if args.self_signed_certs {
-        let config = crate::certs::selfsigned::SelfSignedConfig {
-            secret_name: args.certs_secret.clone(),
-            service: args.service.clone(),
-            webhook_configuration: args.webhook_configuration.clone(),
-            ..crate::certs::selfsigned::SelfSignedConfig::new(
-                &namespace,
-                args.tls_cert.clone(),
-                args.tls_key.clone(),
-            )
-        };
-        crate::certs::selfsigned::ensure(&client, &config).await?;
-        background.push(tokio::spawn(crate::certs::selfsigned::run(
-            client.clone(),
-            config,
-        )));
     }
-    let certs = CertStore::load(&args.tls_cert, &args.tls_key)?;
-    let client_ca = match &args.client_ca_file {
-        Some(path) => {
-            let ca = ClientCaStore::load(path)?;
-            tracing::info!(path = %path.display(), certificates = ca.certificates(), "client certificates required, signed by this CA");
-            Some(ca)
+}
+
+/// The default of `--key-secret`.
+pub const DEFAULT_KEY_SECRET: &str = "confighash-key";
+/// The default of `--tls-cert`.
+pub const DEFAULT_TLS_CERT: &str = "/var/run/confighash/tls.crt";
+/// The default of `--tls-key`.
+pub const DEFAULT_TLS_KEY: &str = "/var/run/confighash/tls.key";
+
+impl Default for WatcherSettings {
+    fn default() -> Self {
+        let defaults = WatcherConfig::default();
+        WatcherSettings {
+            debounce: defaults.debounce,
+            resync: defaults.resync,
+            max_touches_per_second: defaults.max_touches_per_second,
+            page_size: defaults.page_size,
+            kind_recheck: defaults.kind_recheck,
+            retry_base: defaults.retry_base,
         }
-        None => None,
-    };
-    let metrics = Arc::new(Metrics::new());
-    let rules = crate::core::rules::Options {
-        roll_on_delete: args.roll_on_delete,
-        stamp_existing: args.stamp_existing,
-    };
-    let excluded: Vec<String> = std::iter::once(namespace.clone())
-        .chain(args.exclude_namespaces.iter().cloned())
-        .collect();
-    let webhook = Arc::new(
-        Webhook::new(
-            Arc::new(crate::webhook::lookup::KubeSource::new(client.clone())),
+    }
+}
+
+impl SelfSigned {
+    /// The default names (those of `deploy/`).
+    pub fn defaults() -> Self {
+        SelfSigned {
+            secret: crate::certs::selfsigned::DEFAULT_SECRET_NAME.to_owned(),
+            service: crate::certs::selfsigned::DEFAULT_SERVICE.to_owned(),
+            webhook_configuration: crate::certs::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION
+                .to_owned(),
+        }
+    }
+}
+
+impl Config {
+    /// Raises the soft open-file limit to the hard limit and logs it, then fits
+    /// [`max_connections`](Config::max_connections) under it ([`fit_max_connections`]): lowered
+    /// with a warning when it does not fit, an error when not even one webhook connection would.
+    /// Where the limit cannot be read, it is taken as it is. Call it first, before anything
+    /// opens files or connections.
+    pub fn fit_open_files(&mut self) -> Result<(), RunError> {
+        self.max_connections = size_connections(self.max_connections, AdminLimits::default())?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parts
+
+/// `confighash serve` built from its [`Config`], not started yet: the key loaded (and watched
+/// when it comes from a Secret), the certificates made (with `--self-signed-certs`) and loaded,
+/// the webhook built, and leader election running when on. Dropping it stops what it started.
+pub struct App {
+    config: Config,
+    client: kube::Client,
+    namespace: String,
+    keys: Arc<KeyStore>,
+    certs: Arc<CertStore>,
+    client_ca: Option<Arc<ClientCaStore>>,
+    metrics: Arc<Metrics>,
+    webhook: Arc<Webhook>,
+    leader: LeaderConfig,
+    leadership: Leadership,
+    background: Tasks,
+}
+
+impl App {
+    /// Builds every part from `config`, with `client` (whose default namespace is the pod's):
+    /// loads the key, makes (with `--self-signed-certs`) and loads the certificates, builds the
+    /// webhook, and starts leader election when it is on. Serves nothing yet: see
+    /// [`App::start`].
+    pub async fn from_config(mut config: Config, client: kube::Client) -> Result<App, RunError> {
+        let namespace = client.default_namespace().to_owned();
+        let mut background = Tasks::default();
+        let keys = match &config.key {
+            KeySource::File(path) => crate::certs::key::from_file(path)?,
+            KeySource::Secret(name) => {
+                let keys = crate::certs::key::from_secret(client.clone(), &namespace, name).await?;
+                background.push(tokio::spawn(crate::certs::key::watch_secret(
+                    keys.clone(),
+                    client.clone(),
+                    namespace.clone(),
+                    name.clone(),
+                )));
+                keys
+            }
+        };
+        tracing::info!(key_id = keys.current().id(), "checksum key loaded");
+        if let Some(self_signed) = Self::self_signed_config(&config, &namespace) {
+            crate::certs::selfsigned::ensure(&client, &self_signed).await?;
+            background.push(tokio::spawn(crate::certs::selfsigned::run(
+                client.clone(),
+                self_signed,
+            )));
+        }
+        let (certs, client_ca) = Self::certificates(&config)?;
+        let metrics = Arc::new(Metrics::new());
+        let webhook = Arc::new(Self::webhook(
+            &config,
+            &namespace,
+            client.clone(),
             keys.clone(),
             metrics.clone(),
+        ));
+        // One identity for the Lease and the Events.
+        config
+            .identity
+            .get_or_insert_with(LeaderConfig::default_identity);
+        let leader = Self::leader_config(&config, &namespace);
+        leader
+            .validate()
+            .map_err(|e| RunError::Leader(e.to_string()))?;
+        let leadership = if config.leader_election.enabled {
+            let (leadership, task) = crate::watcher::leader::spawn(client.clone(), leader.clone());
+            background.push(task);
+            leadership
+        } else {
+            Leadership::always()
+        };
+        Ok(App {
+            config,
+            client,
+            namespace,
+            keys,
+            certs,
+            client_ca,
+            metrics,
+            webhook,
+            leader,
+            leadership,
+            background,
+        })
+    }
+
+    /// Starts the watcher and serves the webhook and the admin port.
+    pub async fn start(self) -> Result<Serving, RunError> {
+        self.start_parts(true).await
+    }
+
+    /// [`App::start`] without the watcher, for a harness that starts it later
+    /// ([`Serving::start_watcher`]) or runs its own.
+    pub async fn start_without_watcher(self) -> Result<Serving, RunError> {
+        self.start_parts(false).await
+    }
+
+    /// Starts, serves until `shutdown` completes, then shuts down gracefully
+    /// ([`Serving::shutdown`]). An error from `shutdown` is returned at once, without the graceful
+    /// shutdown, as by a process that exits.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = Result<(), RunError>>,
+    ) -> Result<(), RunError> {
+        let serving = self.start().await?;
+        shutdown.await?;
+        serving.shutdown().await;
+        Ok(())
+    }
+
+    async fn start_parts(self, watcher: bool) -> Result<Serving, RunError> {
+        let App {
+            config,
+            client,
+            namespace,
+            keys,
+            certs,
+            client_ca,
+            metrics,
+            webhook,
+            leader,
+            leadership,
+            background,
+        } = self;
+        let mut tasks = Tasks::default();
+        if watcher {
+            tasks.push(spawn_watcher(
+                &config,
+                &namespace,
+                &client,
+                &keys,
+                &leadership,
+                &metrics,
+            ));
+        }
+        let server = Self::start_server(&config, certs, client_ca, webhook).await?;
+        tracing::info!(webhook = %server.webhook_addr, admin = %server.admin_addr, "serving");
+        Ok(Serving {
+            config,
+            client,
+            namespace,
+            keys,
+            metrics,
+            leadership,
+            leader,
+            server,
+            watcher: tasks,
+            background,
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The pod's namespace: the client's default namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn keys(&self) -> &Arc<KeyStore> {
+        &self.keys
+    }
+
+    /// The webhook's and the watcher's metrics, served on the admin port.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    // ----- each part from the configuration -----
+
+    /// The webhook's handler: lookups through `client`, the lookup deadline, the rules, the
+    /// reference bound, and `namespace` (the pod's) and `--exclude-namespaces` never read.
+    pub fn webhook(
+        config: &Config,
+        namespace: &str,
+        client: kube::Client,
+        keys: Arc<KeyStore>,
+        metrics: Arc<Metrics>,
+    ) -> Webhook {
+        Webhook::new(
+            Arc::new(crate::webhook::lookup::KubeSource::new(client)),
+            keys,
+            metrics,
         )
-        .with_lookup_deadline(args.lookup_deadline)
-        .with_options(rules)
-        .with_max_references(args.max_references)
-        .with_excluded_namespaces(excluded.iter().cloned()),
-    );
-    let identity = crate::watcher::leader::LeaderConfig::default_identity();
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let leader_config = crate::watcher::leader::LeaderConfig {
-        lease_name: args.lease.clone(),
-        ..crate::watcher::leader::LeaderConfig::new(namespace.clone(), identity.clone())
-    };
-    leader_config
-        .validate()
-        .map_err(|e| RunError::Leader(e.to_string()))?;
-    let leadership = if args.leader_elect.unwrap_or(in_cluster) {
-        let (leadership, task) =
-            crate::watcher::leader::spawn(client.clone(), leader_config.clone());
-        background.push(task);
-        leadership
-    } else {
-        crate::watcher::leader::Leadership::always()
-    };
-    let watcher_config = crate::watcher::WatcherConfig {
-        debounce: args.debounce,
-        resync: args.resync,
-        max_touches_per_second: args.max_touches_per_second,
-        rules,
-        identity: identity.clone(),
-        max_references: args.max_references,
-        excluded_namespaces: excluded
-            .iter()
-            .cloned()
-            .chain(["kube-system".to_owned()])
-            .collect(),
-        ..Default::default()
-    };
-    background.push(tokio::spawn(crate::watcher::run(
-        client.clone(),
-        keys,
-        leadership.clone(),
-        metrics,
-        watcher_config,
-    )));
-    let limits = Limits {
-        max_connections,
-        // The lookups must fit, with time to spare for the body.
-        request_timeout: REQUEST_TIMEOUT.max(args.lookup_deadline + Duration::from_secs(5)),
-        ..Limits::default()
-    };
-    let running = start_with(
+        .with_lookup_deadline(config.lookup_deadline)
+        .with_options(config.rules)
+        .with_max_references(config.max_references)
+        .with_excluded_namespaces(excluded_namespaces(config, namespace))
+    }
+
+    /// The watcher's configuration: its pace, the rules, the reference bound, this replica's
+    /// identity, and `kube-system`, `namespace` (the pod's) and `--exclude-namespaces` never
+    /// touched.
+    pub fn watcher_config(config: &Config, namespace: &str) -> WatcherConfig {
+        let watcher = &config.watcher;
+        WatcherConfig {
+            debounce: watcher.debounce,
+            resync: watcher.resync,
+            max_touches_per_second: watcher.max_touches_per_second,
+            rules: config.rules,
+            page_size: watcher.page_size,
+            kind_recheck: watcher.kind_recheck,
+            retry_base: watcher.retry_base,
+            identity: identity(config),
+            max_references: config.max_references,
+            excluded_namespaces: excluded_namespaces(config, namespace)
+                .chain([admission::KUBE_SYSTEM.to_owned()])
+                .collect(),
+        }
+    }
+
+    /// Leader election on the Lease `--lease` in `namespace` (the pod's), the default timings.
+    pub fn leader_config(config: &Config, namespace: &str) -> LeaderConfig {
+        LeaderConfig {
+            lease_name: config.leader_election.lease.clone(),
+            ..LeaderConfig::new(namespace, identity(config))
+        }
+    }
+
+    /// With `--self-signed-certs`: the certificates kept in `namespace` (the pod's) under the
+    /// configured names, written to the certificate files.
+    pub fn self_signed_config(config: &Config, namespace: &str) -> Option<SelfSignedConfig> {
+        let names = config.certs.self_signed.as_ref()?;
+        Some(SelfSignedConfig {
+            secret_name: names.secret.clone(),
+            service: names.service.clone(),
+            webhook_configuration: names.webhook_configuration.clone(),
+            ..SelfSignedConfig::new(
+                namespace,
+                config.certs.cert.clone(),
+                config.certs.key.clone(),
+            )
+        })
+    }
+
+    /// The serving pair and, with a client CA file, the client CA, loaded from their files.
+    pub fn certificates(
+        config: &Config,
+    ) -> Result<(Arc<CertStore>, Option<Arc<ClientCaStore>>), RunError> {
+        let certs = CertStore::load(&config.certs.cert, &config.certs.key)?;
+        let client_ca = match &config.client_ca_file {
+            Some(path) => {
+                let ca = ClientCaStore::load(path)?;
+                tracing::info!(path = %path.display(), certificates = ca.certificates(), "client certificates required, signed by this CA");
+                Some(ca)
+            }
+            None => None,
+        };
+        Ok((certs, client_ca))
+    }
+
+    /// The bounds of the two ports: `--max-connections`, and a request timeout the lookup
+    /// deadline fits in.
+    pub fn limits(config: &Config) -> Limits {
+        Limits {
+            max_connections: config.max_connections,
+            // The lookups must fit, with time to spare for the body.
+            request_timeout: REQUEST_TIMEOUT.max(config.lookup_deadline + REQUEST_SLACK),
+            ..Limits::default()
+        }
+    }
+
+    /// What the server of `webhook` needs, on the configured addresses and timings.
+    pub fn serve_config(
+        config: &Config,
+        certs: Arc<CertStore>,
+        client_ca: Option<Arc<ClientCaStore>>,
+        webhook: Arc<Webhook>,
+    ) -> ServeConfig {
         ServeConfig {
-            listen: args.listen,
-            admin_listen: args.admin_listen,
+            listen: config.listen,
+            admin_listen: config.admin_listen,
             certs,
             client_ca,
             webhook,
             health: Arc::new(Health::default()),
-            cert_poll: CERT_POLL,
-            header_read_timeout: HEADER_READ_TIMEOUT,
-            drain_timeout: DRAIN_TIMEOUT,
-        },
-        limits,
-    )
-    .await?;
-    tracing::info!(webhook = %running.webhook_addr, admin = %running.admin_addr, "serving");
+            cert_poll: config.cert_poll,
+            header_read_timeout: config.header_read_timeout,
+            drain_timeout: config.drain_timeout,
+        }
+    }
 
+    /// Binds the webhook and admin ports and serves `webhook` within [`App::limits`].
+    pub async fn start_server(
+        config: &Config,
+        certs: Arc<CertStore>,
+        client_ca: Option<Arc<ClientCaStore>>,
+        webhook: Arc<Webhook>,
+    ) -> Result<Running, RunError> {
+        Ok(start_with(
+            Self::serve_config(config, certs, client_ca, webhook),
+            Self::limits(config),
+        )
+        .await?)
+    }
+}
+
+/// The watcher of `config`, on its own task.
+fn spawn_watcher(
+    config: &Config,
+    namespace: &str,
+    client: &kube::Client,
+    keys: &Arc<KeyStore>,
+    leadership: &Leadership,
+    metrics: &Arc<Metrics>,
+) -> JoinHandle<()> {
+    tokio::spawn(crate::watcher::run(
+        client.clone(),
+        keys.clone(),
+        leadership.clone(),
+        metrics.clone(),
+        App::watcher_config(config, namespace),
+    ))
+}
+
+/// The pod's namespace, then `--exclude-namespaces`.
+fn excluded_namespaces<'a>(
+    config: &'a Config,
+    namespace: &str,
+) -> impl Iterator<Item = String> + 'a {
+    std::iter::once(namespace.to_owned()).chain(config.exclude_namespaces.iter().cloned())
+}
+
+fn identity(config: &Config) -> String {
+    config
+        .identity
+        .clone()
+        .unwrap_or_else(LeaderConfig::default_identity)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running
+
+/// `confighash serve` running: what [`App::start`] returns. Dropping it stops the watcher and
+/// the background tasks (the key watch, the certificate upkeep, leader election) but not the
+/// server: see [`Serving::shutdown`].
+pub struct Serving {
+    config: Config,
+    client: kube::Client,
+    namespace: String,
+    keys: Arc<KeyStore>,
+    metrics: Arc<Metrics>,
+    leadership: Leadership,
+    leader: LeaderConfig,
+    server: Running,
+    watcher: Tasks,
+    background: Tasks,
+}
+
+/// The tasks of a [`Serving`], for a harness that stops and restarts them one by one.
+pub struct Parts {
+    /// The webhook and admin ports.
+    pub server: Running,
+    /// The watcher, unless started [without it](App::start_without_watcher).
+    pub watcher: Option<JoinHandle<()>>,
+    /// The key watch, the certificate upkeep and leader election, as configured: abort them to
+    /// stop them.
+    pub background: Vec<JoinHandle<()>>,
+}
+
+impl Serving {
+    pub fn webhook_addr(&self) -> SocketAddr {
+        self.server.webhook_addr
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.server.admin_addr
+    }
+
+    /// The webhook and admin ports.
+    pub fn server(&self) -> &Running {
+        &self.server
+    }
+
+    /// The configuration, with the identity chosen.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The pod's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn keys(&self) -> &Arc<KeyStore> {
+        &self.keys
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    /// Starts the watcher, unless it runs already.
+    pub fn start_watcher(&mut self) {
+        if self.watcher.0.is_empty() {
+            self.watcher.push(spawn_watcher(
+                &self.config,
+                &self.namespace,
+                &self.client,
+                &self.keys,
+                &self.leadership,
+                &self.metrics,
+            ));
+        }
+    }
+
+    /// Stops the watcher (the webhook keeps serving).
+    pub fn stop_watcher(&mut self) {
+        self.watcher.abort_all();
+    }
+
+    /// Stops the watcher and the background tasks, releases the Lease when this replica leads
+    /// (so that another takes over at once instead of when it expires), and stops the server
+    /// gracefully ([`Running::shutdown`]).
+    pub async fn shutdown(self) {
+        let Serving {
+            config,
+            client,
+            leadership,
+            leader,
+            server,
+            mut watcher,
+            mut background,
+            ..
+        } = self;
+        watcher.abort_all();
+        background.abort_all();
+        if leadership.is_leader() && config.leader_election.enabled {
+            // Hand over at once instead of letting the lease run out.
+            if let Err(e) = crate::watcher::leader::release(client, &leader).await {
+                tracing::warn!(error = %e, "could not release the leader lease; it will expire");
+            }
+        }
+        server.shutdown().await;
+        tracing::info!("stopped");
+    }
+
+    /// The running tasks, which the caller stops from now on.
+    pub fn into_parts(self) -> Parts {
+        let Serving {
+            server,
+            mut watcher,
+            mut background,
+            ..
+        } = self;
+        Parts {
+            server,
+            watcher: watcher.0.pop(),
+            background: std::mem::take(&mut background.0),
+        }
+    }
+}
+
+/// Tasks aborted when dropped.
+#[derive(Default)]
+struct Tasks(Vec<JoinHandle<()>>);
+
+impl Tasks {
+    fn push(&mut self, task: JoinHandle<()>) {
+        self.0.push(task);
+    }
+
+    fn abort_all(&mut self) {
+        for task in self.0.drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.abort_all();
+    }
+}
+
+/// SIGTERM or SIGINT, logged; listens from when it is first polled.
+pub async fn shutdown_signal() -> Result<(), RunError> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(RunError::Signal)?;
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
     }
-    for task in background {
-        task.abort();
-    }
-    if leadership.is_leader() && args.leader_elect.unwrap_or(in_cluster) {
-        // Hand over at once instead of letting the lease run out.
-        if let Err(e) = crate::watcher::leader::release(client, &leader_config).await {
-            tracing::warn!(error = %e, "could not release the leader lease; it will expire");
-        }
-    }
-    running.shutdown().await;
-    tracing::info!("stopped");
     Ok(())
 }
 

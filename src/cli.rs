@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::app::{CertSource, Config, KeySource, LeaderElection, SelfSigned, WatcherSettings};
 use crate::core::checksum::{KeyError, StampKey};
 use crate::offline::{self, InputError, Output, Source};
 
@@ -69,7 +70,7 @@ pub fn certs(args: &CertsArgs) -> Result<Vec<PathBuf>, crate::certs::certificate
     crate::certs::certificates::write(&args.dir, &generated)
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Address of the webhook (HTTPS). `[::]` listens on IPv6 and IPv4 alike, and on IPv4 alone
     /// (`0.0.0.0`, same port) where the host has no IPv6; any other address is used as it is.
@@ -85,7 +86,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_TLS_CERT",
         value_name = "FILE",
-        default_value = "/var/run/confighash/tls.crt"
+        default_value = crate::app::DEFAULT_TLS_CERT
     )]
     pub tls_cert: PathBuf,
     /// Serving certificate's private key (PEM), re-read when it changes (with
@@ -94,7 +95,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_TLS_KEY",
         value_name = "FILE",
-        default_value = "/var/run/confighash/tls.key"
+        default_value = crate::app::DEFAULT_TLS_KEY
     )]
     pub tls_key: PathBuf,
     /// Make and keep a CA and serving certificate in the Secret --certs-secret, shared by all
@@ -116,7 +117,7 @@ pub struct ServeArgs {
         long,
         env = "CONFIGHASH_KEY_SECRET",
         value_name = "NAME",
-        default_value = "confighash-key"
+        default_value = crate::app::DEFAULT_KEY_SECRET
     )]
     pub key_secret: String,
     /// Webhook connections served at once; at the limit new connections wait until one closes.
@@ -224,6 +225,57 @@ pub struct ServeArgs {
         value_parser = parse_object_name
     )]
     pub lease: String,
+}
+
+impl ServeArgs {
+    /// What `confighash serve` runs with. `--leader-elect` unset means on in a cluster
+    /// (`KUBERNETES_SERVICE_HOST` set), off outside; the log flags are `main`'s.
+    pub fn to_config(&self) -> Config {
+        let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        Config {
+            listen: self.listen,
+            admin_listen: self.admin_listen,
+            key: match &self.key_file {
+                Some(path) => KeySource::File(path.clone()),
+                None => KeySource::Secret(self.key_secret.clone()),
+            },
+            certs: CertSource {
+                cert: self.tls_cert.clone(),
+                key: self.tls_key.clone(),
+                self_signed: self.self_signed_certs.then(|| SelfSigned {
+                    secret: self.certs_secret.clone(),
+                    service: self.service.clone(),
+                    webhook_configuration: self.webhook_configuration.clone(),
+                }),
+            },
+            client_ca_file: self.client_ca_file.clone(),
+            max_connections: self.max_connections,
+            lookup_deadline: self.lookup_deadline,
+            max_references: self.max_references,
+            exclude_namespaces: self.exclude_namespaces.clone(),
+            rules: crate::core::rules::Options {
+                roll_on_delete: self.roll_on_delete,
+                stamp_existing: self.stamp_existing,
+            },
+            watcher: WatcherSettings {
+                debounce: self.debounce,
+                resync: self.resync,
+                max_touches_per_second: self.max_touches_per_second,
+                ..WatcherSettings::default()
+            },
+            leader_election: LeaderElection {
+                enabled: self.leader_elect.unwrap_or(in_cluster),
+                lease: self.lease.clone(),
+            },
+            ..Config::default()
+        }
+    }
+}
+
+impl From<ServeArgs> for Config {
+    fn from(args: ServeArgs) -> Self {
+        args.to_config()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -424,5 +476,92 @@ fn source(name: String, bytes: Vec<u8>) -> Result<Source, StampError> {
     match String::from_utf8(bytes) {
         Ok(text) => Ok(Source { name, text }),
         Err(_) => Err(StampError::NotText { path: name }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(flags: &[&str]) -> ServeArgs {
+        let args = ["confighash", "serve"].iter().chain(flags);
+        match Cli::try_parse_from(args).unwrap().command {
+            Command::Serve(args) => args,
+            other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn serve_without_flags_runs_with_the_default_config() {
+        let mut config = Config::from(serve(&[]));
+        // Unset, it depends on where the test runs.
+        config.leader_election.enabled = false;
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn serve_flags_reach_the_config() {
+        let config = serve(&[
+            "--listen=127.0.0.1:9443",
+            "--key-file=/k",
+            "--self-signed-certs",
+            "--certs-secret=c",
+            "--service=s",
+            "--webhook-configuration=w",
+            "--tls-cert=/t.crt",
+            "--tls-key=/t.key",
+            "--client-ca-file=/ca.crt",
+            "--max-connections=7",
+            "--lookup-deadline=3s",
+            "--max-references=9",
+            "--exclude-namespaces=a,b",
+            "--debounce=1s",
+            "--resync=2m",
+            "--max-touches-per-second=0.5",
+            "--roll-on-delete",
+            "--stamp-existing",
+            "--leader-elect=true",
+            "--lease=l",
+        ])
+        .to_config();
+        assert_eq!(
+            config,
+            Config {
+                listen: "127.0.0.1:9443".parse().unwrap(),
+                key: KeySource::File("/k".into()),
+                certs: CertSource {
+                    cert: "/t.crt".into(),
+                    key: "/t.key".into(),
+                    self_signed: Some(SelfSigned {
+                        secret: "c".into(),
+                        service: "s".into(),
+                        webhook_configuration: "w".into(),
+                    }),
+                },
+                client_ca_file: Some("/ca.crt".into()),
+                max_connections: 7,
+                lookup_deadline: Duration::from_secs(3),
+                max_references: 9,
+                exclude_namespaces: vec!["a".into(), "b".into()],
+                rules: crate::core::rules::Options {
+                    roll_on_delete: true,
+                    stamp_existing: true,
+                },
+                watcher: WatcherSettings {
+                    debounce: Duration::from_secs(1),
+                    resync: Duration::from_secs(120),
+                    max_touches_per_second: 0.5,
+                    ..WatcherSettings::default()
+                },
+                leader_election: LeaderElection {
+                    enabled: true,
+                    lease: "l".into(),
+                },
+                ..Config::default()
+            }
+        );
+        let off = serve(&["--leader-elect=false", "--key-secret=k"]).to_config();
+        assert!(!off.leader_election.enabled);
+        assert_eq!(off.key, KeySource::Secret("k".into()));
     }
 }

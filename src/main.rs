@@ -2,6 +2,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
+use confighash::app::{self, App, RunError};
 use confighash::cli::{self, Cli, Command, LogFormat};
 
 fn main() -> ExitCode {
@@ -78,11 +79,25 @@ fn serve(args: cli::ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(confighash::app::run(args)) {
+    match runtime.block_on(run(args.to_config())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "confighash serve failed");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `confighash serve` until SIGTERM or SIGINT, then shuts down gracefully.
+async fn run(mut config: app::Config) -> Result<(), RunError> {
+    // Before anything opens files or connections.
+    config.fit_open_files()?;
+    let kube_config = kube::Config::infer()
+        .await
+        .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
+    let client = confighash::cluster::client::build(kube_config).map_err(RunError::Client)?;
+    App::from_config(config, client)
+        .await?
+        .run_until(app::shutdown_signal())
+        .await
 }

@@ -25,8 +25,9 @@ use apiserver::selectors::LabelSelector;
 use apiserver::user::UserInfo;
 use clap::Parser;
 use confighash::admin::metrics::Metrics;
+use confighash::app::{self, App};
 use confighash::certs::key;
-use confighash::certs::selfsigned::{self, SelfSignedConfig};
+use confighash::certs::selfsigned;
 use confighash::cli::{Cli, Command, ServeArgs};
 use confighash::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL};
 use confighash::core::refs::{ObjectKind, ObjectRef};
@@ -1259,9 +1260,9 @@ async fn template_stamp(admin: &kube::Client) -> Option<String> {
 }
 
 /// Runs the code that talks to the API server as the installation's ServiceAccount, with the
-/// names its Deployment passes (`serve`), the installation's self-signed webhook configuration
-/// and its RBAC enforced: a request it does not allow is answered 403, which would stop each
-/// step below.
+/// names its Deployment passes (`serve`, through the `app::Config` it makes and the App's
+/// constructors of each part), the installation's self-signed webhook configuration and its RBAC
+/// enforced: a request it does not allow is answered 403, which would stop each step below.
 pub async fn run_code_under_rbac(
     install: &Install,
     rbac: &str,
@@ -1269,6 +1270,13 @@ pub async fn run_code_under_rbac(
     serve: &ServeArgs,
 ) {
     let own = install.namespace.as_str();
+    let app_config = serve.to_config();
+    let app::KeySource::Secret(key_secret) = &app_config.key else {
+        panic!(
+            "the installation reads the key from a Secret: {:?}",
+            app_config.key
+        );
+    };
     let server = ApiServer::start().await;
     let admin = server.client();
     create_namespace(&admin, own, &[]).await;
@@ -1320,20 +1328,20 @@ pub async fn run_code_under_rbac(
         .unwrap();
 
     // The key: created when absent, then watched by name; a replaced key is reloaded.
-    let keys = key::from_secret(client.clone(), own, &serve.key_secret)
+    let keys = key::from_secret(client.clone(), own, key_secret)
         .await
         .expect("the key Secret is created under the RBAC");
     let key_watch = tokio::spawn(key::watch_secret(
         keys.clone(),
         client.clone(),
         own.into(),
-        serve.key_secret.clone(),
+        key_secret.clone(),
     ));
     let first_id = keys.current().id().to_owned();
     let replaced = json!({"data": {"key": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="}});
     Api::<Secret>::namespaced(admin.clone(), own)
         .patch(
-            &serve.key_secret,
+            key_secret,
             &PatchParams::default(),
             &Patch::Merge(&replaced),
         )
@@ -1347,12 +1355,18 @@ pub async fn run_code_under_rbac(
 
     // Leader election on the Lease --lease names: create, renew, release.
     let leader_config = LeaderConfig {
-        lease_name: serve.lease.clone(),
         retry_period: Duration::from_millis(100),
         renew_deadline: Duration::from_secs(2),
         lease_duration: Duration::from_secs(3),
-        ..LeaderConfig::new(own, "replica-a")
+        ..App::leader_config(
+            &app::Config {
+                identity: Some("replica-a".into()),
+                ..app_config.clone()
+            },
+            own,
+        )
     };
+    assert_eq!(leader_config.lease_name, serve.lease);
     let (leadership, election) = leader::spawn(client.clone(), leader_config.clone());
     eventually("leadership", || {
         let leading = leadership.is_leader();
@@ -1379,12 +1393,19 @@ pub async fn run_code_under_rbac(
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let certs = SelfSignedConfig {
-        secret_name: serve.certs_secret.clone(),
-        service: serve.service.clone(),
-        webhook_configuration: serve.webhook_configuration.clone(),
-        ..SelfSignedConfig::new(own, dir.path().join("tls.crt"), dir.path().join("tls.key"))
-    };
+    let certs = App::self_signed_config(
+        &app::Config {
+            certs: app::CertSource {
+                cert: dir.path().join("tls.crt"),
+                key: dir.path().join("tls.key"),
+                ..app_config.certs.clone()
+            },
+            ..app_config.clone()
+        },
+        own,
+    )
+    .expect("the installation makes its own certificates");
+    assert_eq!(certs.secret_name, serve.certs_secret);
     selfsigned::ensure(&client, &certs)
         .await
         .expect("the certificates are made under the RBAC");
@@ -1517,7 +1538,7 @@ pub async fn run_code_under_rbac(
     key_watch.abort();
     // Deleting is the administrator's business: the ServiceAccount may not.
     match Api::<Secret>::namespaced(client.clone(), own)
-        .delete(&serve.key_secret, &DeleteParams::default())
+        .delete(key_secret, &DeleteParams::default())
         .await
     {
         Err(kube::Error::Api(s)) if s.code == 403 => {}

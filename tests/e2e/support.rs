@@ -1,6 +1,7 @@
-//! End-to-end support: the in-memory API server with confighash's webhook registered in its
-//! admission chain and the watcher running, or a real cluster when `CONFIGHASH_E2E_KUBECONFIG`
-//! is set (with confighash installed there).
+//! End-to-end support: the in-memory API server with confighash (`confighash::app::App`, as
+//! `confighash serve` runs it) in-process, its webhook registered in the admission chain and the
+//! watcher running, or a real cluster when `CONFIGHASH_E2E_KUBECONFIG` is set (with confighash
+//! installed there).
 //!
 //! Scenarios take an [`Env`] and use only its `kube::Client` and rollout counts, so they run the
 //! same against both.
@@ -13,16 +14,13 @@ use std::time::Duration;
 
 use apiserver::{ApiServer, TestCerts};
 use base64::Engine;
-use confighash::admin::health::Health;
 use confighash::admin::metrics::Metrics;
+use confighash::app::{self, App};
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
 use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
-use confighash::webhook::admission::Webhook;
-use confighash::webhook::lookup::KubeSource;
-use confighash::webhook::server::{self as serve, Running, ServeConfig};
-use confighash::webhook::tls::CertStore;
+use confighash::webhook::server::Running;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -44,11 +42,16 @@ pub struct Env {
     pub confighash: kube::Client,
     /// The in-memory API server (None against a real cluster).
     pub api: Option<ApiServer>,
-    /// The running watcher's metrics (the webhook keeps its own).
+    /// The running watcher's metrics: at start the app's, which the webhook shares; a watcher
+    /// started again gets its own.
     pub metrics: Arc<Metrics>,
     pub keys: Arc<KeyStore>,
     webhook: Option<Running>,
     watcher: Option<tokio::task::JoinHandle<()>>,
+    /// What confighash was started with, and its namespace (None against a real cluster).
+    app: Option<(app::Config, String)>,
+    /// The parts of `app` other than the webhook and the watcher (none as configured here).
+    background: Vec<tokio::task::JoinHandle<()>>,
     certs: Option<TestCerts>,
     webhook_url: String,
     pub config: WatcherConfig,
@@ -110,33 +113,83 @@ impl Env {
             "confighash-token",
             apiserver::user::UserInfo::service_account("confighash", "confighash"),
         );
-        // As `serve` builds it: behind the layer that withholds what the API server sent.
-        let confighash =
-            confighash::cluster::client::build(api.config_with_token("confighash-token")).unwrap();
+        // As `serve` builds it: behind the layer that withholds what the API server sent, in the
+        // ServiceAccount's namespace.
+        let mut config = api.config_with_token("confighash-token");
+        config.default_namespace = "confighash".into();
+        let confighash = confighash::cluster::client::build(config).unwrap();
         let certs = TestCerts::generate();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
         std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
-        let metrics = Arc::new(Metrics::new());
-        let keys = Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap()));
+        std::fs::write(dir.path().join("key"), KEY).unwrap();
+        // `confighash serve`, as the command line configures it, on loopback.
+        let watcher = &setup.watcher;
+        let config = app::Config {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
+            key: app::KeySource::File(dir.path().join("key")),
+            certs: app::CertSource {
+                cert: dir.path().join("tls.crt"),
+                key: dir.path().join("tls.key"),
+                self_signed: None,
+            },
+            lookup_deadline: setup.lookup_deadline,
+            max_references: watcher.max_references,
+            exclude_namespaces: {
+                let mut excluded: Vec<String> = watcher
+                    .excluded_namespaces
+                    .iter()
+                    .filter(|ns| *ns != "kube-system")
+                    .cloned()
+                    .collect();
+                excluded.sort();
+                excluded
+            },
+            rules: watcher.rules,
+            watcher: app::WatcherSettings {
+                debounce: watcher.debounce,
+                resync: watcher.resync,
+                max_touches_per_second: watcher.max_touches_per_second,
+                page_size: watcher.page_size,
+                kind_recheck: watcher.kind_recheck,
+                retry_base: watcher.retry_base,
+            },
+            identity: Some(watcher.identity.clone()),
+            cert_poll: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(5),
+            drain_timeout: Duration::from_secs(5),
+            ..app::Config::default()
+        };
+        let mut serving = App::from_config(config, confighash.clone())
+            .await
+            .unwrap()
+            .start_without_watcher()
+            .await
+            .unwrap();
         let mut env = Env {
             client,
             confighash,
             api: Some(api),
-            metrics,
-            keys,
+            metrics: serving.metrics().clone(),
+            keys: serving.keys().clone(),
             webhook: None,
             watcher: None,
+            app: Some((serving.config().clone(), serving.namespace().to_owned())),
+            background: Vec::new(),
             certs: Some(certs),
-            webhook_url: String::new(),
-            config: setup.watcher.clone(),
+            webhook_url: format!("https://127.0.0.1:{}/mutate", serving.webhook_addr().port()),
+            config: App::watcher_config(serving.config(), serving.namespace()),
             _dir: Some(dir),
         };
-        env.start_webhook(setup.lookup_deadline).await;
         env.register_webhook("Ignore").await;
         if setup.start_watcher {
-            env.start_watcher();
+            serving.start_watcher();
         }
+        let parts = serving.into_parts();
+        env.webhook = Some(parts.server);
+        env.watcher = parts.watcher;
+        env.background = parts.background;
         env
     }
 
@@ -155,6 +208,8 @@ impl Env {
             keys: Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
             webhook: None,
             watcher: None,
+            app: None,
+            background: Vec::new(),
             certs: None,
             webhook_url: String::new(),
             config: WatcherConfig::default(),
@@ -173,46 +228,33 @@ impl Env {
             .expect("this scenario needs the in-memory API server")
     }
 
-    async fn start_webhook(&mut self, lookup_deadline: Duration) {
-        let dir = self._dir.as_ref().unwrap().path();
-        let store = CertStore::load(dir.join("tls.crt"), dir.join("tls.key")).unwrap();
-        let webhook = Arc::new(
-            Webhook::new(
-                Arc::new(KubeSource::new(self.confighash.clone())),
-                self.keys.clone(),
-                self.metrics.clone(),
-            )
-            .with_lookup_deadline(lookup_deadline)
-            .with_options(self.config.rules),
-        );
-        let listen = if self.webhook_url.is_empty() {
-            "127.0.0.1:0".parse().unwrap()
-        } else {
-            // Restart on the same port, as a restarted pod behind its Service.
-            let port: u16 = self
-                .webhook_url
-                .rsplit(':')
-                .next()
-                .unwrap()
-                .trim_end_matches("/mutate")
-                .parse()
-                .unwrap();
-            std::net::SocketAddr::from(([127, 0, 0, 1], port))
+    /// Starts the webhook again as the app started it, on the same port, as a restarted pod
+    /// behind its Service.
+    async fn start_webhook(&mut self) {
+        let (config, namespace) = self.app.as_ref().expect("confighash runs in-process");
+        let webhook = Arc::new(App::webhook(
+            config,
+            namespace,
+            self.confighash.clone(),
+            self.keys.clone(),
+            self.metrics.clone(),
+        ));
+        let (certs, client_ca) = App::certificates(config).unwrap();
+        let port: u16 = self
+            .webhook_url
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .trim_end_matches("/mutate")
+            .parse()
+            .unwrap();
+        let config = app::Config {
+            listen: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            ..config.clone()
         };
-        let running = serve::start(ServeConfig {
-            listen,
-            admin_listen: "127.0.0.1:0".parse().unwrap(),
-            certs: store,
-            client_ca: None,
-            webhook,
-            health: Arc::new(Health::default()),
-            cert_poll: Duration::from_secs(60),
-            header_read_timeout: Duration::from_secs(5),
-            drain_timeout: Duration::from_secs(5),
-        })
-        .await
-        .unwrap();
-        self.webhook_url = format!("https://127.0.0.1:{}/mutate", running.webhook_addr.port());
+        let running = App::start_server(&config, certs, client_ca, webhook)
+            .await
+            .unwrap();
         self.webhook = Some(running);
     }
 
@@ -225,7 +267,7 @@ impl Env {
 
     pub async fn restart_webhook(&mut self) {
         self.stop_webhook().await;
-        self.start_webhook(Duration::from_secs(2)).await;
+        self.start_webhook().await;
     }
 
     /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does.
@@ -532,6 +574,9 @@ impl Drop for Env {
     fn drop(&mut self) {
         if let Some(w) = self.watcher.take() {
             w.abort();
+        }
+        for task in self.background.drain(..) {
+            task.abort();
         }
     }
 }
