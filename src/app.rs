@@ -162,6 +162,9 @@ pub struct WatcherSettings {
     pub kind_recheck: Duration,
     /// First retry delay of a touch the webhook did not confirm.
     pub retry_base: Duration,
+    /// How long after start (and after its namespace opted in) a workload seen without stamp or
+    /// marker counts as bypassed; `None` counts none.
+    pub bypass_grace: Option<Duration>,
 }
 
 /// Leader election among replicas.
@@ -220,6 +223,7 @@ impl Default for WatcherSettings {
             page_size: defaults.page_size,
             kind_recheck: defaults.kind_recheck,
             retry_base: defaults.retry_base,
+            bypass_grace: defaults.bypass_grace,
         }
     }
 }
@@ -462,6 +466,7 @@ impl App {
             page_size: watcher.page_size,
             kind_recheck: watcher.kind_recheck,
             retry_base: watcher.retry_base,
+            bypass_grace: watcher.bypass_grace,
             identity: identity(config),
             max_references: config.max_references,
             excluded_namespaces: excluded_namespaces(config, namespace)

@@ -154,6 +154,7 @@ impl Env {
                 page_size: watcher.page_size,
                 kind_recheck: watcher.kind_recheck,
                 retry_base: watcher.retry_base,
+                bypass_grace: watcher.bypass_grace,
             },
             identity: Some(watcher.identity.clone()),
             cert_poll: Duration::from_secs(60),
