@@ -4,7 +4,9 @@
 //! of a namespace that opted in, and the key Secret all go through it.
 //!
 //! A list's objects are passed on as they arrive (not buffered): what a consumer keeps of each is
-//! small, the objects themselves may not be. Only their keys are collected, for the relist.
+//! small, the objects themselves may not be. Only their keys are collected, for the relist. A list
+//! made by hand (pages of `list` calls) goes through the same [`Adapter`] as `Init`, one
+//! `InitApply` per object and `InitDone`, and so ends in the same `Relisted`.
 
 use std::collections::HashSet;
 use std::hash::Hash;

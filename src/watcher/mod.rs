@@ -4,7 +4,7 @@
 //! Two halves. [`state`] is a state machine with no client, clock or task inside: the digest
 //! store and workload index ([`index`]), the change window and pacing ([`pace`]), the decisions
 //! by the core's rules, touches pending and in flight, retries, Events and namespace lists, all
-//! as [`Input`]s in and [`Effect`]s out at instants it is given. [`run`] is its shell: watch
+//! as [`Input`]s in and [`Effect`]s out at instants it is given. [`run()`] is its shell: watch
 //! tasks turn API events into inputs (through the one adapter of
 //! [`cluster::watch`](crate::cluster::watch)), one task owns the state, carries out its effects
 //! (patches, Events, lists) and feeds their results back. Only the leader touches

@@ -5,7 +5,7 @@
 //! [`State::handle`] takes one [`Input`] (what a watch said, what a touch or a list came back
 //! with, a change of leadership or key, or just time passing) at an instant the caller gives,
 //! and returns the [`Effect`]s to carry out: touches, Events, namespace lists. Nothing here reads
-//! a clock, talks to the API server or spawns a task: [`run`](super::run) does, and feeds the
+//! a clock, talks to the API server or spawns a task: [`run()`](super::run()) does, and feeds the
 //! results back as inputs. Wall time enters as values of inputs (when a namespace was seen
 //! opting in) and of [`State::new`] (when the watcher started). Metrics are counters it bumps.
 
