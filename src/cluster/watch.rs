@@ -105,14 +105,15 @@ where
 mod tests {
     use super::*;
 
-    fn adapter() -> Adapter<
-        String,
-        impl FnMut(&(&str, u32)) -> Option<String>,
-        impl FnMut(&String, (&str, u32)) -> u32,
-    > {
+    /// Objects are (name, value); an empty name has no key.
+    type Object = (&'static str, u32);
+
+    fn adapter()
+    -> Adapter<String, impl FnMut(&Object) -> Option<String>, impl FnMut(&String, Object) -> u32>
+    {
         Adapter::new(
-            |o: &(&str, u32)| (!o.0.is_empty()).then(|| o.0.to_owned()),
-            |_: &String, o: (&str, u32)| o.1,
+            |o: &Object| (!o.0.is_empty()).then(|| o.0.to_owned()),
+            |_: &String, o: Object| o.1,
         )
     }
 

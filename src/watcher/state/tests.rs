@@ -841,7 +841,10 @@ fn a_relist_removes_what_vanished_meanwhile() {
     t.cluster.insert(maybe.0.clone(), maybe.1.clone());
     let opt = deployment(NS, "opt", &[("optionalConfigMap", "maybe")]);
     let opt = opt.clone().stamped(&t.expected(&opt));
-    assert_eq!(t.start(&[(NS, true)], &[maybe.clone()], &[&opt]), listed());
+    assert_eq!(
+        t.start(&[(NS, true)], std::slice::from_ref(&maybe), &[&opt]),
+        listed()
+    );
 
     // Deleted while the watch was down: the re-list does not show it.
     t.cluster.remove(&maybe.0);
