@@ -193,7 +193,9 @@ impl Shell {
             why,
             attempt,
         } = touch;
+        // A root span: a touch started while another one's result is handled is not part of it.
         let span = tracing::info_span!(
+            parent: None,
             "touch",
             kind = workload.kind.kind().kind(),
             namespace = %workload.namespace,
