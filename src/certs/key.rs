@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 
+use crate::cluster::watch::{Adapter, Watched, changes};
 use crate::core::checksum::{self, KeyError, StampKey};
 use crate::core::refs::References;
 
@@ -326,24 +327,26 @@ pub async fn watch_secret(
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut watch = KeyWatch {
         store,
-        namespace,
-        name,
+        namespace: namespace.clone(),
+        name: name.clone(),
         last_rv: None,
-        seen_in_relist: false,
     };
     loop {
-        let stream = watcher(api.clone(), config.clone()).default_backoff();
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(event) => watch.handle(event),
-                Err(e) => tracing::warn!(
-                    namespace = %watch.namespace,
-                    secret = %watch.name,
-                    error = %crate::cluster::redact::watcher_error(&e),
-                    "watch of the checksum key Secret failed; retrying"
-                ),
-            }
+        let adapter = Adapter::new(
+            |secret: &Secret| secret.metadata.name.clone(),
+            |_: &String, secret: Secret| secret,
+        );
+        let events = watcher(api.clone(), config.clone()).default_backoff();
+        let mut changes = std::pin::pin!(changes(events, adapter, |e| {
+            tracing::warn!(
+                namespace = %namespace,
+                secret = %name,
+                error = %crate::cluster::redact::watcher_error(e),
+                "watch of the checksum key Secret failed; retrying"
+            )
+        }));
+        while let Some(change) = changes.next().await {
+            watch.handle(change);
         }
         // The watcher stream does not end by itself; start over should it ever do so.
     }
@@ -357,26 +360,19 @@ struct KeyWatch {
     /// resourceVersion of the last version of the Secret handled, so a re-list after a dropped
     /// watch does not handle (and log) the same version again.
     last_rv: Option<String>,
-    /// Whether the current re-list has shown the Secret.
-    seen_in_relist: bool,
 }
 
 impl KeyWatch {
-    fn handle(&mut self, event: watcher::Event<Secret>) {
-        match event {
-            watcher::Event::Init => self.seen_in_relist = false,
-            watcher::Event::InitApply(secret) => {
-                self.seen_in_relist = true;
-                self.apply(&secret);
-            }
-            watcher::Event::Apply(secret) => self.apply(&secret),
-            watcher::Event::InitDone => {
-                if !self.seen_in_relist && self.last_rv.is_some() {
+    fn handle(&mut self, change: Watched<String, Secret>) {
+        match change {
+            Watched::Applied(_, secret) => self.apply(&secret),
+            Watched::Deleted(_) => self.deleted(),
+            Watched::Relisted(listed) => {
+                if !listed.contains(&self.name) && self.last_rv.is_some() {
                     // Deleted while the watch was down.
                     self.deleted();
                 }
             }
-            watcher::Event::Delete(_) => self.deleted(),
         }
     }
 

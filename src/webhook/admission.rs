@@ -632,9 +632,9 @@ impl Webhook {
                     budget,
                 )
                 .await
-                .and_then(|resolved| {
+                .map(|resolved| {
                     let with_v1 = rules::needs_v1(trigger, current, key.id());
-                    Ok(resolved.lookup(&key, namespace, &info.refs, with_v1))
+                    resolved.lookup(&key, namespace, &info.refs, with_v1)
                 }) {
                 Ok(lookup) => lookup,
                 Err(e) => {

@@ -1,0 +1,586 @@
+//! The watcher's shell around its [`State`]: watch tasks feed what they see into one loop that
+//! owns the state, the loop carries out the effects the state asks for (patches, Events,
+//! namespace lists) and feeds their results back, and sleeps until the state's next wake-up.
+//! Everything decided is decided in [`State`]; nothing here keeps state of its own but the
+//! tracing span of each touch in flight.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
+use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tracing::{Instrument, Span};
+
+use crate::admin::metrics::Metrics;
+use crate::certs::key::KeyStore;
+use crate::cluster::redact;
+use crate::cluster::watch::{Adapter, Watched, changes};
+use crate::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL, FIELD_MANAGER};
+use crate::core::refs::{ObjectKind, ObjectRef};
+use crate::core::workload::WorkloadKind;
+use crate::watcher::index::{ConfigKey, StoredConfig, WorkloadEntry, WorkloadKey};
+use crate::watcher::leader::Leadership;
+use crate::watcher::state::{
+    ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError, TouchResult,
+    WatcherConfig, WorkloadEvent, api_resource,
+};
+
+/// Secrets that are never configuration: Helm release records and service-account tokens.
+pub const SECRET_FIELD_SELECTOR: &str =
+    "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+
+/// Runs the watcher until the task is dropped.
+pub async fn run(
+    client: kube::Client,
+    keys: Arc<KeyStore>,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    config: WatcherConfig,
+) {
+    let state = State::new(config.clone(), keys.current(), metrics, SystemTime::now());
+    let (tx, rx) = mpsc::channel(1024);
+    let mut tasks = vec![
+        tokio::spawn(watch_configs::<ConfigMap>(
+            client.clone(),
+            tx.clone(),
+            config.page_size,
+            None,
+        )),
+        tokio::spawn(watch_configs::<Secret>(
+            client.clone(),
+            tx.clone(),
+            config.page_size,
+            Some(SECRET_FIELD_SELECTOR),
+        )),
+        tokio::spawn(watch_namespaces(client.clone(), tx.clone())),
+        tokio::spawn(watch_workload_kinds(
+            client.clone(),
+            tx.clone(),
+            config.clone(),
+        )),
+    ];
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: Some(config.identity.clone()),
+        },
+    );
+    let shell = Shell {
+        client,
+        keys,
+        leadership,
+        config,
+        tx,
+        recorder,
+        spans: HashMap::new(),
+        state,
+    };
+    shell.run(rx).await;
+    for t in tasks.drain(..) {
+        t.abort();
+    }
+}
+
+/// The loop around the state.
+struct Shell {
+    client: kube::Client,
+    keys: Arc<KeyStore>,
+    leadership: Leadership,
+    config: WatcherConfig,
+    tx: mpsc::Sender<Input>,
+    recorder: Recorder,
+    /// The span of each touch in flight: its result is handled inside it.
+    spans: HashMap<WorkloadKey, Span>,
+    state: State,
+}
+
+impl Shell {
+    async fn run(mut self, mut rx: mpsc::Receiver<Input>) {
+        let mut leader = self.leadership.changes();
+        self.catch_up(Instant::now());
+        loop {
+            let wake = self.state.next_wake();
+            let input = tokio::select! {
+                input = rx.recv() => match input {
+                    Some(input) => input,
+                    None => return,
+                },
+                changed = leader.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    // Read by `catch_up` from the authority, which also ends leadership at the
+                    // renew deadline by itself.
+                    leader.borrow_and_update();
+                    Input::Wake
+                }
+                _ = sleep_until(wake) => Input::Wake,
+            };
+            let now = Instant::now();
+            self.catch_up(now);
+            let span = match &input {
+                Input::Touched(key, _) => self.spans.remove(key),
+                _ => None,
+            };
+            match span {
+                Some(span) => {
+                    let _inside = span.enter();
+                    let effects = self.state.handle(input, now);
+                    self.perform(effects, true);
+                }
+                None => {
+                    let effects = self.state.handle(input, now);
+                    self.perform(effects, false);
+                }
+            }
+        }
+    }
+
+    /// Tells the state what changed outside it: leadership (checked right before acting) and
+    /// the stamp key.
+    fn catch_up(&mut self, now: Instant) {
+        let leader = self.leadership.is_leader();
+        if leader != self.state.is_leader() {
+            let effects = self.state.handle(Input::Leader(leader), now);
+            self.perform(effects, false);
+        }
+        let key = self.keys.current();
+        if !Arc::ptr_eq(&key, self.state.key()) {
+            let effects = self.state.handle(Input::Key(key), now);
+            self.perform(effects, false);
+        }
+    }
+
+    /// Carries out what the state asked for; `in_touch` when inside a touch's span (which names
+    /// the workload already).
+    fn perform(&mut self, effects: Vec<Effect>, in_touch: bool) {
+        for effect in effects {
+            match effect {
+                Effect::Touch(touch) => self.touch(touch),
+                Effect::Event(event) => self.publish(event, in_touch),
+                Effect::Backfill {
+                    namespace,
+                    generation,
+                } => {
+                    tokio::spawn(backfill(
+                        self.client.clone(),
+                        self.tx.clone(),
+                        namespace,
+                        generation,
+                        self.config.page_size,
+                        self.config.retry_base,
+                    ));
+                }
+                Effect::ReleaseMemory => crate::watcher::memory::release_free_heap(),
+            }
+        }
+    }
+
+    /// Patches the workload in its own task, inside one span that names it and what changed;
+    /// the result comes back as [`Input::Touched`].
+    fn touch(&mut self, touch: Touch) {
+        let Touch {
+            workload,
+            stamp,
+            why,
+            attempt,
+        } = touch;
+        // A root span: a touch started while another one's result is handled is not part of it.
+        let span = tracing::info_span!(
+            parent: None,
+            "touch",
+            kind = workload.kind.kind().kind(),
+            namespace = %workload.namespace,
+            name = %workload.name,
+            changed = %why,
+            attempt,
+        );
+        self.spans.insert(workload.clone(), span.clone());
+        let client = self.client.clone();
+        let key = workload.clone();
+        let task = tokio::spawn(async move { patch(&client, &key, &stamp).await }.instrument(span));
+        let tx = self.tx.clone();
+        tokio::spawn(async move {
+            // Reported however the touch ended, a panic included.
+            let result = task.await.unwrap_or_else(|_| {
+                TouchResult::Failed(TouchError::Other("the touch ended unexpectedly".to_owned()))
+            });
+            let _ = tx.send(Input::Touched(workload, result)).await;
+        });
+    }
+
+    fn publish(&self, event: WorkloadEvent, in_touch: bool) {
+        let recorder = self.recorder.clone();
+        let reference = workload_reference(&event.workload, &event.uid);
+        let workload = event.workload;
+        let reason = event.reason;
+        let event = KubeEvent {
+            type_: event.type_,
+            reason: reason.to_owned(),
+            note: Some(event.note),
+            action: event.action.to_owned(),
+            secondary: None,
+        };
+        tokio::spawn(
+            async move {
+                if let Err(e) = recorder.publish(&event, &reference).await {
+                    let error = redact::kube_error(&e);
+                    if in_touch {
+                        tracing::warn!(reason, error = %error, "cannot record the Event");
+                    } else {
+                        tracing::warn!(workload = %workload, reason, error = %error, "cannot record the Event");
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+// ----- watches -----
+
+/// A ConfigMap or Secret as the store keeps it.
+trait ConfigObject:
+    kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    const KIND: ObjectKind;
+    fn stored(&self) -> Option<StoredConfig>;
+}
+
+impl ConfigObject for ConfigMap {
+    const KIND: ObjectKind = ObjectKind::ConfigMap;
+    fn stored(&self) -> Option<StoredConfig> {
+        match StoredConfig::from_config_map(self) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "ConfigMap left out of the digest store");
+                None
+            }
+        }
+    }
+}
+
+impl ConfigObject for Secret {
+    const KIND: ObjectKind = ObjectKind::Secret;
+    fn stored(&self) -> Option<StoredConfig> {
+        Some(StoredConfig::from_secret(self))
+    }
+}
+
+fn config_key<K: kube::Resource>(obj: &K, kind: ObjectKind) -> Option<ConfigKey> {
+    let meta = obj.meta();
+    Some((
+        meta.namespace.clone()?,
+        ObjectRef::new(kind, meta.name.clone()?),
+    ))
+}
+
+async fn watch_configs<K: ConfigObject>(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    page_size: u32,
+    fields: Option<&'static str>,
+) {
+    let api: Api<K> = Api::all(client);
+    let mut cfg = watcher::Config::default().page_size(page_size);
+    if let Some(f) = fields {
+        cfg = cfg.fields(f);
+    }
+    let adapter = Adapter::new(
+        |obj: &K| config_key(obj, K::KIND),
+        |_: &ConfigKey, obj: K| obj.stored(),
+    );
+    let changes = changes(
+        watcher::watcher(api, cfg).default_backoff(),
+        adapter,
+        |e| tracing::warn!(kind = K::KIND.as_str(), error = %redact::watcher_error(e), "watch error; retrying"),
+    );
+    feed(changes, &tx, |change| {
+        Input::Config(ConfigSource::Watch(K::KIND), change)
+    })
+    .await;
+}
+
+/// Sends a watch's changes to the state until the state is gone.
+async fn feed<K: Eq + std::hash::Hash, V>(
+    changes: impl Stream<Item = Watched<K, V>>,
+    tx: &mpsc::Sender<Input>,
+    input: impl Fn(Watched<K, V>) -> Input,
+) {
+    let mut changes = std::pin::pin!(changes);
+    while let Some(change) = changes.next().await {
+        if tx.send(input(change)).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn opted_in(ns: &Namespace) -> bool {
+    ns.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(ENABLED_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
+    let api: Api<Namespace> = Api::all(client);
+    let adapter = Adapter::new(
+        |ns: &Namespace| ns.metadata.name.clone(),
+        |_: &String, ns: Namespace| NamespaceSeen {
+            opted_in: opted_in(&ns),
+            at: SystemTime::now(),
+        },
+    );
+    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
+    let changes = changes(
+        events,
+        adapter,
+        |e| tracing::warn!(error = %redact::watcher_error(e), "namespace watch error; retrying"),
+    );
+    feed(changes, &tx, Input::Namespace).await;
+}
+
+/// Watches every workload kind the cluster serves; kinds it does not serve are looked for again
+/// every `kind_recheck` (and count as listed meanwhile, so reconcile is not held up).
+async fn watch_workload_kinds(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    config: WatcherConfig,
+) {
+    let mut watching: BTreeMap<&'static str, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut reported_absent: HashSet<&'static str> = HashSet::new();
+    loop {
+        for kind in WorkloadKind::ALL {
+            if watching.contains_key(kind.kind()) {
+                continue;
+            }
+            let resource = api_resource(kind);
+            let gvk = GroupVersionKind::gvk(&resource.group, &resource.version, &resource.kind);
+            match kube::discovery::oneshot::pinned_kind(&client, &gvk).await {
+                Ok(_) => {
+                    tracing::info!(kind = kind.kind(), "watching");
+                    watching.insert(
+                        kind.kind(),
+                        tokio::spawn(watch_workloads(
+                            client.clone(),
+                            tx.clone(),
+                            kind,
+                            config.page_size,
+                            config.max_references,
+                        )),
+                    );
+                }
+                Err(e) => {
+                    if reported_absent.insert(kind.kind()) {
+                        tracing::info!(kind = kind.kind(), error = %redact::kube_error(&e), "not served by this cluster; looking again later");
+                        if tx.send(Input::NotServed(kind)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(config.kind_recheck).await;
+    }
+}
+
+async fn watch_workloads(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    kind: WorkloadKind,
+    page_size: u32,
+    max_references: usize,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
+    let cfg = watcher::Config::default().page_size(page_size);
+    let adapter = Adapter::new(
+        |obj: &DynamicObject| {
+            let ns = obj.metadata.namespace.as_deref()?;
+            let name = obj.metadata.name.as_deref()?;
+            Some(WorkloadKey::new(kind, ns, name))
+        },
+        |key: &WorkloadKey, obj: DynamicObject| {
+            let value = serde_json::to_value(&obj).ok()?;
+            match WorkloadEntry::from_object(kind, &value) {
+                Ok(entry) => entry.map(|e| e.limit_references(max_references)),
+                Err(e) => {
+                    tracing::warn!(kind = kind.kind(), namespace = key.namespace, name = key.name, error = %e, "workload left out");
+                    None
+                }
+            }
+        },
+    );
+    let changes = changes(
+        watcher::watcher(api, cfg).default_backoff(),
+        adapter,
+        |e| tracing::warn!(kind = kind.kind(), error = %redact::watcher_error(e), "watch error; retrying"),
+    );
+    feed(changes, &tx, |change| Input::Workload(kind, change)).await;
+}
+
+// ----- namespace lists -----
+
+/// Lists a namespace's ConfigMaps and Secrets (small pages) as one list through the watches'
+/// adapter, retrying with backoff until it succeeds or the watcher is gone.
+async fn backfill(
+    client: kube::Client,
+    tx: mpsc::Sender<Input>,
+    namespace: String,
+    generation: u64,
+    page_size: u32,
+    retry_base: Duration,
+) {
+    let source = ConfigSource::Backfill {
+        namespace: namespace.clone(),
+        generation,
+    };
+    let mut adapter = Adapter::new(
+        |listed: &Listed| Some(listed.0.clone()),
+        |_: &ConfigKey, listed: Listed| listed.1,
+    );
+    let mut delay = retry_base;
+    loop {
+        let mut list = Vec::new();
+        let listed = async {
+            list_namespace::<ConfigMap>(&client, &namespace, page_size, None, &mut list).await?;
+            list_namespace::<Secret>(
+                &client,
+                &namespace,
+                page_size,
+                Some(SECRET_FIELD_SELECTOR),
+                &mut list,
+            )
+            .await
+        }
+        .await;
+        match listed {
+            Ok(()) => {
+                // Sent once all is in, as a watch's list: the state takes it as a whole.
+                let _ = adapter.feed(Event::Init);
+                for listed in list {
+                    if let Some(change) = adapter.feed(Event::InitApply(listed))
+                        && tx
+                            .send(Input::Config(source.clone(), change))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                }
+                if let Some(done) = adapter.feed(Event::InitDone) {
+                    let _ = tx.send(Input::Config(source, done)).await;
+                }
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(namespace, error = %redact::kube_error(&e), "listing an opted-in namespace failed; retrying");
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+/// A listed ConfigMap or Secret, as the store keeps it.
+type Listed = (ConfigKey, Option<StoredConfig>);
+
+/// Lists one kind of a namespace, page by page, into `out`.
+async fn list_namespace<K: ConfigObject>(
+    client: &kube::Client,
+    namespace: &str,
+    page_size: u32,
+    fields: Option<&str>,
+    out: &mut Vec<Listed>,
+) -> Result<(), kube::Error> {
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let mut params = ListParams::default().limit(page_size);
+    if let Some(f) = fields {
+        params = params.fields(f);
+    }
+    loop {
+        let page = api.list(&params).await?;
+        for obj in &page.items {
+            if let Some(key) = config_key(obj, K::KIND) {
+                out.push((key, obj.stored()));
+            }
+        }
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(()),
+        }
+    }
+}
+
+// ----- touches and Events -----
+
+/// The merge patch that sets the pod template's stamp to `expected`; the API server sends it
+/// through the webhook, which re-reads and confirms or corrects it. Says the stamp the stored
+/// workload carries afterwards.
+async fn patch(client: &kube::Client, key: &WorkloadKey, expected: &str) -> TouchResult {
+    let kind = key.kind.kind();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
+    let mut patch = json!({});
+    let mut here = &mut patch;
+    for token in kind.template_path() {
+        here = &mut here[*token];
+    }
+    *here = json!({"metadata": {"annotations": {CHECKSUM_ANNOTATION: expected}}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
+    };
+    match api.patch(&key.name, &params, &Patch::Merge(&patch)).await {
+        Ok(obj) => {
+            let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
+            let (stamp, _) = crate::core::workload::stamp_and_marker(kind, &value);
+            TouchResult::Patched(stamp.map(str::to_owned))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => TouchResult::Gone,
+        Err(e) => {
+            let error = redact::kube_error(&e);
+            TouchResult::Failed(match &e {
+                kube::Error::Api(s) if s.code == 403 => TouchError::Forbidden(error),
+                _ => TouchError::Other(error),
+            })
+        }
+    }
+}
+
+/// What an Event on a workload regards.
+fn workload_reference(key: &WorkloadKey, uid: &str) -> ObjectReference {
+    let kind = key.kind.kind();
+    ObjectReference {
+        api_version: Some(api_resource(kind).api_version),
+        kind: Some(kind.kind().to_owned()),
+        name: Some(key.name.clone()),
+        namespace: Some(key.namespace.clone()),
+        uid: (!uid.is_empty()).then(|| uid.to_owned()),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,1078 @@
+//! The watcher's state machine: what it knows (the digest store, the workload index, the
+//! namespaces, the change window, the pacer, the touches pending and in flight) and what it
+//! decides, as plain data.
+//!
+//! [`State::handle`] takes one [`Input`] (what a watch said, what a touch or a list came back
+//! with, a change of leadership or key, or just time passing) at an instant the caller gives,
+//! and returns the [`Effect`]s to carry out: touches, Events, namespace lists. Nothing here reads
+//! a clock, talks to the API server or spawns a task: [`run()`](super::run()) does, and feeds the
+//! results back as inputs. Wall time enters as values of inputs (when a namespace was seen
+//! opting in) and of [`State::new`] (when the watcher started). Metrics are counters it bumps.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use kube::api::{ApiResource, GroupVersionKind};
+use kube::runtime::events::EventType;
+
+use crate::admin::metrics::Metrics;
+use crate::cluster::watch::Watched;
+use crate::core::checksum::StampKey;
+use crate::core::refs::ObjectKind;
+use crate::core::rules::{self, Current, Trigger};
+use crate::core::workload::WorkloadKind;
+use crate::watcher::index::{
+    ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
+};
+use crate::watcher::pace::{ChangeWindow, Pacer, Wait};
+
+/// Global token bucket burst.
+pub const TOUCH_BURST: u32 = 20;
+/// The reason of the Warning Event on a workload over `--max-references`.
+pub const TOO_MANY_REFERENCES_REASON: &str = "TooManyReferences";
+/// The reason of the Event on a workload whose pod template was re-stamped.
+pub const CONFIG_CHANGED_REASON: &str = "ConfigChanged";
+/// The reason of the Warning Event on a workload whose touch keeps failing.
+pub const TOUCH_FAILED_REASON: &str = "TouchFailed";
+/// A touch that failed this many times in a row gets a `TouchFailed` Event (one failure alone is
+/// usually gone at the first retry).
+pub const TOUCH_FAILED_AFTER: u32 = 2;
+/// At most one `TouchFailed` Event per workload this often. Longer than kube's Event recorder
+/// keeps an Event to count repeats (6 minutes), so each one is a new Event whose message has the
+/// error and retry delay of its time, not those of the first.
+pub const TOUCH_FAILED_EVERY: Duration = Duration::from_secs(600);
+/// Workloads created within this of the watcher's start (or of their namespace opting in) are
+/// not counted as bypassing the webhook: the webhook may not have been reachable yet (readiness,
+/// endpoints), and the clocks of the node and the API server may differ a little.
+pub const BYPASS_GRACE: Duration = Duration::from_secs(30);
+
+/// How the watcher behaves.
+#[derive(Debug, Clone)]
+pub struct WatcherConfig {
+    /// The change window (`--debounce`), also the minimum interval between touches of a workload.
+    pub debounce: Duration,
+    /// Reconcile period (`--resync`).
+    pub resync: Duration,
+    /// Global touch rate (`--max-touches-per-second`).
+    pub max_touches_per_second: f64,
+    pub rules: rules::Options,
+    /// List page size: small, so a page of large Secrets stays a few MiB.
+    pub page_size: u32,
+    /// How often kinds the cluster does not serve (no Argo Rollouts CRD) are looked for again.
+    pub kind_recheck: Duration,
+    /// First retry delay of a touch the webhook did not confirm; doubles up to `resync`.
+    pub retry_base: Duration,
+    /// Name of this replica in Events.
+    pub identity: String,
+    /// `--max-references`: workloads over it are never touched.
+    pub max_references: usize,
+    /// Namespaces never touched whatever their labels: `kube-system`, confighash's own and
+    /// `--exclude-namespaces`.
+    pub excluded_namespaces: HashSet<String>,
+    /// Count workloads that did not pass through the webhook
+    /// (`confighash_workloads_bypassed_total`) when created this long after the watcher started
+    /// and their namespace opted in; `None` counts none.
+    pub bypass_grace: Option<Duration>,
+}
+
+impl Default for WatcherConfig {
+    fn default() -> Self {
+        WatcherConfig {
+            debounce: Duration::from_secs(5),
+            resync: Duration::from_secs(600),
+            max_touches_per_second: 5.0,
+            rules: rules::Options::default(),
+            page_size: 50,
+            kind_recheck: Duration::from_secs(60),
+            retry_base: Duration::from_secs(1),
+            identity: "confighash".to_owned(),
+            max_references: crate::webhook::admission::DEFAULT_MAX_REFERENCES,
+            excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
+            bypass_grace: Some(BYPASS_GRACE),
+        }
+    }
+}
+
+/// What the state machine is told.
+#[derive(Debug)]
+pub enum Input {
+    /// A ConfigMap or Secret, with what the digest store keeps of it (`None`: it cannot be kept,
+    /// as if absent).
+    Config(ConfigSource, Watched<ConfigKey, Option<StoredConfig>>),
+    /// A Namespace.
+    Namespace(Watched<String, NamespaceSeen>),
+    /// A workload of one kind, with what the index keeps of it (`None`: nothing confighash
+    /// stamps, as if deleted).
+    Workload(WorkloadKind, Watched<WorkloadKey, Option<WorkloadEntry>>),
+    /// The cluster does not serve this workload kind (no Argo Rollouts CRD): there is nothing to
+    /// list, so it counts as listed.
+    NotServed(WorkloadKind),
+    /// Whether this replica leads, now. Only the leader touches; a new leader reconciles.
+    Leader(bool),
+    /// The stamp key in use from now on.
+    Key(Arc<StampKey>),
+    /// A touch ([`Effect::Touch`]) ended.
+    Touched(WorkloadKey, TouchResult),
+    /// Nothing new: do what is due ([`State::next_wake`]).
+    Wake,
+}
+
+/// Where a ConfigMap or Secret was seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// The cluster-wide watch of this kind; its `Relisted` covers the kind everywhere.
+    Watch(ObjectKind),
+    /// The list of a namespace that opted in after its objects were left out
+    /// ([`Effect::Backfill`]); its `Relisted` covers both kinds in that namespace.
+    Backfill { namespace: String, generation: u64 },
+}
+
+/// A Namespace as the watcher sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NamespaceSeen {
+    /// It carries `confighash.dev/enabled=true`.
+    pub opted_in: bool,
+    /// When (wall clock) the watcher saw this: workloads created before its opt-in plus
+    /// [`BYPASS_GRACE`] are not counted as bypassing the webhook.
+    pub at: SystemTime,
+}
+
+/// How a touch ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TouchResult {
+    /// The patch was applied: the stamp the stored workload carries afterwards.
+    Patched(Option<String>),
+    /// The workload no longer exists.
+    Gone,
+    /// The patch failed.
+    Failed(TouchError),
+}
+
+/// Why a patch failed, with the error as it may be shown (redacted: never content).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TouchError {
+    /// Refused (403): confighash's RBAC does not allow it.
+    Forbidden(String),
+    Other(String),
+}
+
+/// What the state machine asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Set the workload's stamp by a merge patch; report with [`Input::Touched`]. Never two in
+    /// flight for one workload.
+    Touch(Touch),
+    /// Record a Kubernetes Event on a workload.
+    Event(WorkloadEvent),
+    /// List the ConfigMaps and Secrets of a namespace; report with [`Input::Config`] from
+    /// [`ConfigSource::Backfill`], ending with `Relisted`.
+    Backfill { namespace: String, generation: u64 },
+    /// A list of many ConfigMaps or Secrets passed through and only digests stayed: give the
+    /// free heap back.
+    ReleaseMemory,
+}
+
+/// A touch to make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Touch {
+    pub workload: WorkloadKey,
+    /// The stamp to set (the webhook confirms or corrects it).
+    pub stamp: String,
+    /// What changed, for logs: `ConfigMap app-env changed`, or `its stamp was stale`.
+    pub why: String,
+    /// How many touches for the same changes failed before this one.
+    pub attempt: u32,
+}
+
+/// A Kubernetes Event on a workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadEvent {
+    pub workload: WorkloadKey,
+    /// The workload's uid, empty when unknown.
+    pub uid: String,
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// The watch streams whose first list must finish before reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Stream {
+    ConfigMaps,
+    Secrets,
+    Namespaces,
+    Workloads(WorkloadKind),
+}
+
+const STREAMS: usize = 3 + WorkloadKind::ALL.len();
+
+impl Stream {
+    fn from_kind(kind: ObjectKind) -> Self {
+        match kind {
+            ObjectKind::ConfigMap => Stream::ConfigMaps,
+            ObjectKind::Secret => Stream::Secrets,
+        }
+    }
+}
+
+/// A namespace's objects being listed after it opted in.
+#[derive(Debug, Default)]
+struct Backfill {
+    generation: u64,
+    /// Objects the watches reported since the opt-in: what they said is at least as new as the
+    /// list, so the list does not overwrite them.
+    seen: HashSet<ConfigKey>,
+    /// Changes whose window closed during the list, decided once it is in.
+    deferred: BTreeSet<ConfigKey>,
+    /// What the list showed so far; kept once it ends.
+    listed: HashMap<ConfigKey, StoredConfig>,
+}
+
+/// A touch waiting for its time.
+#[derive(Debug, Default)]
+struct Pending {
+    due: Option<Instant>,
+    /// What changed, for the Event; empty for reconcile.
+    changed: BTreeSet<ConfigKey>,
+    attempt: u32,
+    /// When the first change behind this touch was seen, for the latency metric.
+    seen: Option<Instant>,
+}
+
+/// A touch in flight: what it was for, to judge its result.
+#[derive(Debug)]
+struct InFlight {
+    expected: String,
+    /// The stamp before the touch.
+    old: Option<String>,
+    uid: String,
+    rolls_by_itself: bool,
+    pending: Pending,
+}
+
+/// Everything the watcher knows and decides.
+pub struct State {
+    config: WatcherConfig,
+    key: Arc<StampKey>,
+    metrics: Arc<Metrics>,
+    leader: bool,
+    configs: ConfigStore,
+    workloads: WorkloadIndex,
+    /// Namespaces opted in, with when this watcher saw them opt in.
+    namespaces: HashMap<String, SystemTime>,
+    /// Namespaces known not to be opted in: their ConfigMaps and Secrets are not kept.
+    excluded: HashSet<String>,
+    /// Namespaces that opted in after being excluded, while their objects are listed.
+    backfills: HashMap<String, Backfill>,
+    backfill_generation: u64,
+    window: ChangeWindow<ConfigKey>,
+    window_seen: Option<Instant>,
+    pacer: Pacer<WorkloadKey>,
+    pending: BTreeMap<WorkloadKey, Pending>,
+    /// Workloads with a touch in flight. A touch can be held up for seconds (kube's client
+    /// retries a 429 after its Retry-After); a second touch sent meanwhile could land first and
+    /// the older one after it, putting back the stamp of an older config when the webhook is not
+    /// there to recompute it. So each workload has one touch in flight at most, and what became
+    /// due meanwhile is decided again once it is done.
+    in_flight: HashMap<WorkloadKey, InFlight>,
+    synced: HashSet<Stream>,
+    reconciled: bool,
+    next_resync: Option<Instant>,
+    /// Workloads over `--max-references` whose Warning Event this replica has recorded.
+    warned_too_many: HashSet<WorkloadKey>,
+    /// When the watcher started: workloads created before it are not counted as bypassing.
+    started: SystemTime,
+    /// Workloads counted as bypassing the webhook, with the uid counted (each uid once).
+    bypassed: HashMap<WorkloadKey, String>,
+    /// When each workload's last `TouchFailed` Event was recorded.
+    touch_failed_at: HashMap<WorkloadKey, Instant>,
+    /// What the input being handled asks for.
+    effects: Vec<Effect>,
+}
+
+impl State {
+    /// A watcher that knows nothing yet, not leading, started at `started` (wall clock).
+    pub fn new(
+        config: WatcherConfig,
+        key: Arc<StampKey>,
+        metrics: Arc<Metrics>,
+        started: SystemTime,
+    ) -> Self {
+        metrics.set_synced(false);
+        metrics.set_leader(false);
+        State {
+            window: ChangeWindow::new(config.debounce),
+            pacer: Pacer::new(config.debounce, config.max_touches_per_second, TOUCH_BURST),
+            config,
+            key,
+            metrics,
+            leader: false,
+            configs: ConfigStore::default(),
+            workloads: WorkloadIndex::default(),
+            namespaces: HashMap::new(),
+            excluded: HashSet::new(),
+            backfills: HashMap::new(),
+            backfill_generation: 0,
+            window_seen: None,
+            pending: BTreeMap::new(),
+            in_flight: HashMap::new(),
+            synced: HashSet::new(),
+            reconciled: false,
+            next_resync: None,
+            warned_too_many: HashSet::new(),
+            started,
+            bypassed: HashMap::new(),
+            touch_failed_at: HashMap::new(),
+            effects: Vec::new(),
+        }
+    }
+
+    /// Whether this replica leads, as last told.
+    pub fn is_leader(&self) -> bool {
+        self.leader
+    }
+
+    /// The stamp key in use.
+    pub fn key(&self) -> &Arc<StampKey> {
+        &self.key
+    }
+
+    /// Whether every watch has listed.
+    pub fn is_synced(&self) -> bool {
+        self.synced.len() == STREAMS
+    }
+
+    /// When something is due next: hand [`Input::Wake`] then.
+    pub fn next_wake(&self) -> Option<Instant> {
+        let pending = self.pending.values().filter_map(|p| p.due).min();
+        [self.window.closes_at(), pending, self.next_resync]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Takes one input at `now`, does what is due by then, and says what to do.
+    pub fn handle(&mut self, input: Input, now: Instant) -> Vec<Effect> {
+        match input {
+            Input::Config(ConfigSource::Watch(kind), change) => {
+                self.config_watched(kind, change, now)
+            }
+            Input::Config(
+                ConfigSource::Backfill {
+                    namespace,
+                    generation,
+                },
+                change,
+            ) => self.namespace_listed(namespace, generation, change, now),
+            Input::Namespace(change) => self.namespace_watched(change, now),
+            Input::Workload(kind, change) => self.workload_watched(kind, change, now),
+            Input::NotServed(kind) => self.listed(Stream::Workloads(kind)),
+            Input::Leader(leader) => self.leadership(leader, now),
+            Input::Key(key) => self.key = key,
+            Input::Touched(key, result) => self.touched(key, result, now),
+            Input::Wake => {}
+        }
+        self.tick(now);
+        std::mem::take(&mut self.effects)
+    }
+
+    // ----- watches -----
+
+    fn config_watched(
+        &mut self,
+        kind: ObjectKind,
+        change: Watched<ConfigKey, Option<StoredConfig>>,
+        now: Instant,
+    ) {
+        match change {
+            Watched::Applied(key, stored) => self.config(key, stored, now),
+            Watched::Deleted(key) => self.config(key, None, now),
+            Watched::Relisted(seen) => {
+                let gone: Vec<ConfigKey> = self
+                    .configs
+                    .keys()
+                    .filter(|(_, r)| r.kind == kind)
+                    .map(|(ns, r)| (ns.to_owned(), r.clone()))
+                    .filter(|k| !seen.contains(k))
+                    .collect();
+                for key in gone {
+                    self.configs.remove(&key);
+                    self.content_changed(key, now);
+                }
+                self.listed(Stream::from_kind(kind));
+            }
+        }
+    }
+
+    fn config(&mut self, key: ConfigKey, state: Option<StoredConfig>, now: Instant) {
+        if self.excluded.contains(&key.0) {
+            // Not opted in: nothing of it is kept (filtered in memory).
+            return;
+        }
+        if let Some(backfill) = self.backfills.get_mut(&key.0) {
+            backfill.seen.insert(key.clone());
+        }
+        let changed = match state {
+            Some(s) => self.configs.upsert(key.clone(), s),
+            None => self.configs.remove(&key),
+        };
+        self.metrics
+            .set_watched(key.1.kind.as_str(), self.configs.count(key.1.kind));
+        if changed {
+            self.content_changed(key, now);
+        }
+    }
+
+    /// The list of a namespace that opted in: kept aside until it ends, then what the watches
+    /// have not reported since goes in, and the namespace's workloads are compared.
+    fn namespace_listed(
+        &mut self,
+        namespace: String,
+        generation: u64,
+        change: Watched<ConfigKey, Option<StoredConfig>>,
+        now: Instant,
+    ) {
+        let Some(backfill) = self
+            .backfills
+            .get_mut(&namespace)
+            .filter(|b| b.generation == generation)
+        else {
+            return; // Opted out (or in again) since it started.
+        };
+        let all = match change {
+            Watched::Applied(key, Some(stored)) => {
+                backfill.listed.insert(key, stored);
+                return;
+            }
+            Watched::Applied(key, None) | Watched::Deleted(key) => {
+                backfill.listed.remove(&key);
+                return;
+            }
+            Watched::Relisted(all) => all,
+        };
+        let Some(backfill) = self.backfills.remove(&namespace) else {
+            return;
+        };
+        tracing::debug!(namespace, objects = all.len(), "namespace listed");
+        for (key, stored) in backfill.listed {
+            // What a watch reported since the opt-in is at least as new as the list.
+            if all.contains(&key) && !backfill.seen.contains(&key) {
+                self.configs.upsert(key, stored);
+            }
+        }
+        self.count_all_configs();
+        self.effects.push(Effect::ReleaseMemory);
+        if self.is_synced() {
+            if !backfill.deferred.is_empty() {
+                self.window_closed(backfill.deferred, None, now);
+            }
+            self.compare_namespace(&namespace, now);
+        }
+    }
+
+    fn namespace_watched(&mut self, change: Watched<String, NamespaceSeen>, now: Instant) {
+        let (name, seen) = match change {
+            Watched::Applied(name, seen) => (name, Some(seen)),
+            Watched::Deleted(name) => (name, None),
+            Watched::Relisted(seen) => {
+                self.namespaces.retain(|n, _| seen.contains(n));
+                self.excluded.retain(|n| seen.contains(n));
+                self.backfills.retain(|n, _| seen.contains(n));
+                self.listed(Stream::Namespaces);
+                return;
+            }
+        };
+        // An excluded namespace is never opted in, whatever its labels say.
+        match seen.map(|s| {
+            (
+                s.opted_in && !self.config.excluded_namespaces.contains(&name),
+                s.at,
+            )
+        }) {
+            Some((true, at)) => {
+                let was_excluded = self.excluded.remove(&name);
+                if self.namespaces.contains_key(&name) {
+                    return;
+                }
+                self.namespaces.insert(name.clone(), at);
+                if was_excluded {
+                    // Its objects were left out: list them; compare once they are in.
+                    self.start_backfill(name);
+                } else if self.is_synced() {
+                    self.compare_namespace(&name, now);
+                }
+            }
+            Some((false, _)) => {
+                self.namespaces.remove(&name);
+                self.backfills.remove(&name);
+                self.configs.remove_namespace(&name);
+                self.excluded.insert(name);
+                self.count_all_configs();
+            }
+            None => {
+                // Deleted: its objects' own deletions follow on their watches.
+                self.namespaces.remove(&name);
+                self.backfills.remove(&name);
+                self.excluded.remove(&name);
+            }
+        }
+    }
+
+    fn workload_watched(
+        &mut self,
+        kind: WorkloadKind,
+        change: Watched<WorkloadKey, Option<WorkloadEntry>>,
+        now: Instant,
+    ) {
+        match change {
+            Watched::Applied(key, Some(entry)) => {
+                if entry.too_many_references
+                    && self.leader
+                    && self.warned_too_many.insert(key.clone())
+                {
+                    self.warn_too_many_references(&key, &entry.uid);
+                }
+                self.count_if_bypassed(&key, &entry);
+                self.workloads.upsert(key.clone(), entry);
+                // A workload whose stamp is stale when it arrives (its ConfigMap's event came
+                // first, on another watch, and found nothing referencing it) is checked again
+                // once a window has passed, by reconcile's rules.
+                if self.is_synced() && self.decide(&key, Trigger::Reconcile).is_some() {
+                    let due = now + self.config.debounce;
+                    self.pending.entry(key).or_default().due.get_or_insert(due);
+                }
+            }
+            Watched::Applied(key, None) | Watched::Deleted(key) => {
+                self.warned_too_many.remove(&key);
+                self.bypassed.remove(&key);
+                self.touch_failed_at.remove(&key);
+                self.workloads.remove(&key);
+                self.pending.remove(&key);
+            }
+            Watched::Relisted(seen) => {
+                for key in self.workloads.keys_of(kind) {
+                    if !seen.contains(&key) {
+                        self.bypassed.remove(&key);
+                        self.touch_failed_at.remove(&key);
+                        self.workloads.remove(&key);
+                        self.pending.remove(&key);
+                    }
+                }
+                self.metrics
+                    .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
+                self.listed(Stream::Workloads(kind));
+            }
+        }
+    }
+
+    /// A watch's list is in (or there is nothing to list).
+    fn listed(&mut self, stream: Stream) {
+        if matches!(stream, Stream::ConfigMaps | Stream::Secrets) {
+            // A whole list of the cluster's config passed through; only digests stay.
+            self.effects.push(Effect::ReleaseMemory);
+        }
+        self.synced.insert(stream);
+        tracing::debug!(?stream, synced = self.synced.len(), of = STREAMS, "listed");
+        self.metrics.set_synced(self.is_synced());
+    }
+
+    fn leadership(&mut self, leader: bool, now: Instant) {
+        if leader == self.leader {
+            return;
+        }
+        self.leader = leader;
+        self.metrics.set_leader(leader);
+        if leader && self.is_synced() {
+            // A new leader compares everything: changes may have passed while another replica
+            // led, or none did.
+            self.reconcile(now);
+        }
+    }
+
+    fn count_all_configs(&self) {
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            self.metrics
+                .set_watched(kind.as_str(), self.configs.count(kind));
+        }
+    }
+
+    /// Lists the ConfigMaps and Secrets of a namespace that opted in after they were left out.
+    /// Until the list is in, its workloads are not decided on: their digests are incomplete.
+    fn start_backfill(&mut self, namespace: String) {
+        self.backfill_generation += 1;
+        let generation = self.backfill_generation;
+        self.backfills.insert(
+            namespace.clone(),
+            Backfill {
+                generation,
+                ..Backfill::default()
+            },
+        );
+        self.effects.push(Effect::Backfill {
+            namespace,
+            generation,
+        });
+    }
+
+    /// Records that a workload over `--max-references` is never stamped or rolled.
+    fn warn_too_many_references(&mut self, key: &WorkloadKey, uid: &str) {
+        self.effects.push(Effect::Event(WorkloadEvent {
+            workload: key.clone(),
+            uid: uid.to_owned(),
+            type_: EventType::Warning,
+            reason: TOO_MANY_REFERENCES_REASON,
+            action: "Skip",
+            note: format!(
+                "it references more than {} ConfigMaps and Secrets (--max-references): \
+                 confighash does not read them, stamp it or roll it on config changes",
+                self.config.max_references
+            ),
+        }));
+    }
+
+    /// Counts a workload that did not pass through the webhook: created in an opted-in
+    /// namespace after the watcher started and the namespace opted in (with [`BYPASS_GRACE`]),
+    /// not opted out, and carrying neither a stamp nor the unstamped marker. Each uid once.
+    fn count_if_bypassed(&mut self, key: &WorkloadKey, entry: &WorkloadEntry) {
+        let Some(grace) = self.config.bypass_grace else {
+            return;
+        };
+        if entry.stamp.is_some() || entry.marker || entry.opted_out || entry.uid.is_empty() {
+            return;
+        }
+        let (Some(&opted_in), Some(created)) = (self.namespaces.get(&key.namespace), entry.created)
+        else {
+            return;
+        };
+        if self.bypassed.get(key) == Some(&entry.uid) {
+            return;
+        }
+        // creationTimestamp has whole seconds.
+        let after = unix_seconds(self.started.max(opted_in) + grace);
+        if created < after {
+            return;
+        }
+        self.bypassed.insert(key.clone(), entry.uid.clone());
+        self.metrics.workload_bypassed();
+        tracing::warn!(workload = %key, "a workload in an opted-in namespace carries neither a stamp nor the unstamped marker: the API server did not call the webhook when it was written");
+    }
+
+    // ----- changes and decisions -----
+
+    /// A referenced object's content changed (or it appeared or went away).
+    fn content_changed(&mut self, key: ConfigKey, now: Instant) {
+        // Before the first sync every object is new; reconcile compares stamps afterwards.
+        // Whether the namespace is opted in is checked when the window closes: its Namespace
+        // event may come later than this change, on another watch.
+        if !self.is_synced() || !self.workloads.is_referenced(&key) {
+            tracing::debug!(object = %key.1, namespace = key.0, synced = self.is_synced(),
+                "change to an object nothing references yet, or before the first sync");
+            return;
+        }
+        self.metrics.change_seen(key.1.kind.as_str());
+        self.window_seen.get_or_insert(now);
+        self.window.record(now, key);
+    }
+
+    /// Compares a namespace's workloads' stamps a window from now, by reconcile's rules: it
+    /// opted in (or was seen) after changes there may have been passed over.
+    fn compare_namespace(&mut self, namespace: &str, now: Instant) {
+        let due = now + self.config.debounce;
+        let keys: Vec<WorkloadKey> = self
+            .workloads
+            .iter()
+            .filter(|(k, _)| k.namespace == namespace)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            if self.decide(&key, Trigger::Reconcile).is_some() {
+                self.pending.entry(key).or_default().due.get_or_insert(due);
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Instant) {
+        if self.is_synced() && !self.reconciled {
+            self.reconciled = true;
+            self.reconcile(now);
+        }
+        if self.next_resync.is_some_and(|t| now >= t) {
+            self.reconcile(now);
+        }
+        if let Some(changes) = self.window.take_if_closed(now) {
+            tracing::debug!(changes = changes.len(), "change window closed");
+            let seen = self.window_seen.take();
+            self.window_closed(changes, seen, now);
+        }
+        self.touch_due(now);
+        self.pacer.forget_old(now);
+    }
+
+    /// Decides the stamp a workload should carry now, by the shared rules; `None` when it
+    /// should not be touched.
+    fn decide(&self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
+        let entry = self.workloads.get(key)?;
+        if !self.namespaces.contains_key(&key.namespace)
+            || self.backfills.contains_key(&key.namespace)
+        {
+            return None;
+        }
+        let stamp_key = &self.key;
+        let current = Current {
+            stamp: entry.stamp.as_deref(),
+            marker: entry.marker,
+        };
+        let with_v1 = rules::needs_v1(trigger, current, stamp_key.id());
+        let lookup = self
+            .configs
+            .lookup(stamp_key, &key.namespace, &entry.refs, with_v1);
+        let decision = rules::decide(
+            trigger,
+            current,
+            entry.opted_out,
+            &lookup,
+            stamp_key.id(),
+            self.config.rules,
+        );
+        if decision.changes(current) {
+            decision.stamp
+        } else {
+            None
+        }
+    }
+
+    fn window_closed(&mut self, changes: BTreeSet<ConfigKey>, seen: Option<Instant>, now: Instant) {
+        tracing::debug!(?changes, "window");
+        let mut affected: BTreeMap<WorkloadKey, BTreeSet<ConfigKey>> = BTreeMap::new();
+        for change in &changes {
+            for w in self.workloads.dependents(change) {
+                affected.entry(w).or_default().insert(change.clone());
+            }
+        }
+        for (workload, why) in affected {
+            if let Some(backfill) = self.backfills.get_mut(&workload.namespace) {
+                // Decided once the namespace's objects are all in.
+                backfill.deferred.extend(why);
+                continue;
+            }
+            if self.decide(&workload, Trigger::ConfigChange).is_none() {
+                continue;
+            }
+            let p = self.pending.entry(workload).or_default();
+            p.changed.extend(why);
+            p.due.get_or_insert(now);
+            if p.seen.is_none() {
+                p.seen = seen;
+            }
+        }
+    }
+
+    fn reconcile(&mut self, now: Instant) {
+        self.next_resync = Some(now + self.config.resync);
+        if !self.leader {
+            return;
+        }
+        let keys: Vec<WorkloadKey> = self.workloads.iter().map(|(k, _)| k.clone()).collect();
+        let mut mismatches = 0;
+        for key in keys {
+            if self.decide(&key, Trigger::Reconcile).is_some() {
+                mismatches += 1;
+                self.pending.entry(key).or_default().due.get_or_insert(now);
+            }
+        }
+        self.metrics.reconcile_mismatches(mismatches);
+        if mismatches > 0 {
+            tracing::info!(mismatches, "reconcile found stale stamps");
+        }
+    }
+
+    // ----- touches -----
+
+    fn touch_due(&mut self, now: Instant) {
+        if !self.leader {
+            // The leader does this; a replica that becomes leader reconciles.
+            self.pending.clear();
+            return;
+        }
+        let due: Vec<WorkloadKey> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.due.is_some_and(|d| d <= now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            if self.in_flight.contains_key(&key) {
+                // Parked until its touch in flight is done (`Input::Touched`).
+                if let Some(p) = self.pending.get_mut(&key) {
+                    p.due = None;
+                }
+                continue;
+            }
+            // Recomputed now: the webhook or another change may already have set it.
+            let trigger = match self.pending.get(&key) {
+                Some(p) if p.changed.is_empty() => Trigger::Reconcile,
+                _ => Trigger::ConfigChange,
+            };
+            let Some(expected) = self.decide(&key, trigger) else {
+                self.pending.remove(&key);
+                continue;
+            };
+            match self.pacer.allow(now, &key) {
+                Ok(()) => {
+                    let Some(p) = self.pending.remove(&key) else {
+                        continue;
+                    };
+                    if let Some(seen) = p.seen {
+                        self.metrics.observe_touch_latency(
+                            now.saturating_duration_since(seen).as_secs_f64(),
+                        );
+                    }
+                    self.start_touch(key, expected, p);
+                }
+                Err(wait) => {
+                    if let Wait::RateLimited(_) = wait {
+                        self.metrics.touch_rate_limited();
+                    }
+                    if let Some(p) = self.pending.get_mut(&key) {
+                        p.due = Some(wait.until());
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_touch(&mut self, key: WorkloadKey, expected: String, pending: Pending) {
+        let Some(entry) = self.workloads.get(&key) else {
+            return;
+        };
+        let why = if pending.changed.is_empty() {
+            STALE.to_owned()
+        } else {
+            changed_names(&pending.changed)
+        };
+        self.effects.push(Effect::Touch(Touch {
+            workload: key.clone(),
+            stamp: expected.clone(),
+            why,
+            attempt: pending.attempt,
+        }));
+        let in_flight = InFlight {
+            expected,
+            old: entry.stamp.clone(),
+            uid: entry.uid.clone(),
+            rolls_by_itself: entry.rolls_by_itself,
+            pending,
+        };
+        self.in_flight.insert(key, in_flight);
+    }
+
+    /// A touch ended: judge it, retry it if it did not take, and let the workload be touched
+    /// again.
+    fn touched(&mut self, key: WorkloadKey, result: TouchResult, now: Instant) {
+        let Some(touch) = self.in_flight.remove(&key) else {
+            return;
+        };
+        let retry_in = self
+            .config
+            .retry_base
+            .saturating_mul(1 << touch.pending.attempt.min(16))
+            .min(self.config.resync);
+        match result {
+            TouchResult::Patched(stamp)
+                if stamp != touch.old || stamp.as_deref() == Some(&touch.expected) =>
+            {
+                self.metrics.touch("touched");
+                tracing::info!(stamp = stamp.as_deref().unwrap_or(""), "touched");
+                self.effects.push(Effect::Event(config_changed(
+                    &key,
+                    &touch.uid,
+                    &touch.pending.changed,
+                    touch.rolls_by_itself,
+                )));
+            }
+            TouchResult::Patched(_) => {
+                // The webhook kept the old stamp: its lookup failed. Try again later.
+                self.metrics.touch("kept-by-webhook");
+                tracing::warn!("the webhook kept the old stamp; retrying");
+                let what = "the webhook kept the old stamp (it could not read the referenced \
+                            ConfigMaps and Secrets)";
+                self.retry(&key, touch.pending, what.to_owned(), retry_in, now);
+            }
+            TouchResult::Gone => self.metrics.touch("gone"),
+            TouchResult::Failed(e) => {
+                self.metrics.touch("error");
+                let (TouchError::Forbidden(error) | TouchError::Other(error)) = &e;
+                tracing::warn!(error = %error, "touch failed; retrying");
+                let what = match &e {
+                    TouchError::Forbidden(error) => format!(
+                        "the patch was refused ({error}): confighash's RBAC must allow patch on {}",
+                        api_resource(key.kind.kind()).plural
+                    ),
+                    TouchError::Other(error) => format!("the patch failed ({error})"),
+                };
+                self.retry(&key, touch.pending, what, retry_in, now);
+            }
+        }
+        // Whatever became due meanwhile is decided now.
+        if let Some(p) = self.pending.get_mut(&key) {
+            p.due.get_or_insert(now);
+        }
+    }
+
+    /// A touch that did not take: try again `retry_in` from now, for the same changes.
+    fn retry(
+        &mut self,
+        key: &WorkloadKey,
+        failed: Pending,
+        what: String,
+        retry_in: Duration,
+        now: Instant,
+    ) {
+        self.metrics.touch_retry();
+        let failures = failed.attempt + 1;
+        let at = now + retry_in;
+        let p = self.pending.entry(key.clone()).or_default();
+        p.due = Some(p.due.map_or(at, |d| d.min(at)));
+        // Keep what the touch was for, so the retry is the same kind of touch (a config change
+        // replaces a foreign stamp; reconcile would not) and its Event names it.
+        p.changed.extend(failed.changed);
+        p.attempt = p.attempt.max(failures);
+        p.seen = p.seen.or(failed.seen);
+        self.touch_failed(key, &what, retry_in, failures, now);
+    }
+
+    /// Records a Warning Event saying what failed and when it is retried, once a workload's touch
+    /// has failed [`TOUCH_FAILED_AFTER`] times in a row, at most once per [`TOUCH_FAILED_EVERY`].
+    fn touch_failed(
+        &mut self,
+        key: &WorkloadKey,
+        what: &str,
+        retry_in: Duration,
+        failures: u32,
+        now: Instant,
+    ) {
+        if failures < TOUCH_FAILED_AFTER || !self.leader {
+            return;
+        }
+        let Some(entry) = self.workloads.get(key) else {
+            return;
+        };
+        let recent = |at: &Instant| now.saturating_duration_since(*at) < TOUCH_FAILED_EVERY;
+        if self.touch_failed_at.get(key).is_some_and(recent) {
+            return;
+        }
+        let uid = entry.uid.clone();
+        self.touch_failed_at.retain(|_, at| recent(at));
+        self.touch_failed_at.insert(key.clone(), now);
+        let why = match self.pending.get(key) {
+            Some(p) if !p.changed.is_empty() => format!("after {}", changed_names(&p.changed)),
+            _ => "(its stamp is stale)".to_owned(),
+        };
+        self.effects.push(Effect::Event(WorkloadEvent {
+            workload: key.clone(),
+            uid,
+            type_: EventType::Warning,
+            reason: TOUCH_FAILED_REASON,
+            action: "Restamp",
+            note: format!(
+                "re-stamping the pod template {why} failed {failures} times in a row: {what}; \
+                 retrying in {}",
+                format_delay(retry_in)
+            ),
+        }));
+    }
+}
+
+/// What a touch is for when nothing changed: reconcile found the stamp stale.
+const STALE: &str = "its stamp was stale";
+
+/// The `ConfigChanged` Event of a touch that took: what changed, and whether the pods roll.
+fn config_changed(
+    key: &WorkloadKey,
+    uid: &str,
+    changed: &BTreeSet<ConfigKey>,
+    rolls_by_itself: bool,
+) -> WorkloadEvent {
+    let what = if changed.is_empty() {
+        STALE.to_owned()
+    } else {
+        changed
+            .iter()
+            .map(|(_, r)| r.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+            + " changed"
+    };
+    let (type_, note) = if rolls_by_itself {
+        (
+            EventType::Normal,
+            format!("{what}; the pod template was re-stamped and its pods roll"),
+        )
+    } else {
+        (
+            EventType::Warning,
+            format!(
+                "{what}; the pod template was re-stamped, but pods will not roll by themselves \
+                 (OnDelete update strategy or paused): delete or resume them to apply the new config"
+            ),
+        )
+    };
+    WorkloadEvent {
+        workload: key.clone(),
+        uid: uid.to_owned(),
+        type_,
+        reason: CONFIG_CHANGED_REASON,
+        action: "Restamp",
+        note,
+    }
+}
+
+/// The API resource of a workload kind.
+pub fn api_resource(kind: WorkloadKind) -> ApiResource {
+    let version = if kind == WorkloadKind::Rollout {
+        "v1alpha1"
+    } else {
+        "v1"
+    };
+    ApiResource::from_gvk(&GroupVersionKind::gvk(kind.group(), version, kind.kind()))
+}
+
+/// "ConfigMap a changed", "ConfigMap a, Secret b changed"; the first few of many, so an Event's
+/// note stays short.
+fn changed_names(changed: &BTreeSet<ConfigKey>) -> String {
+    const SHOWN: usize = 3;
+    let names: Vec<String> = changed
+        .iter()
+        .take(SHOWN)
+        .map(|(_, r)| r.to_string())
+        .collect();
+    let mut text = names.join(", ");
+    if changed.len() > SHOWN {
+        text += &format!(" and {} more", changed.len() - SHOWN);
+    }
+    text + " changed"
+}
+
+/// A retry delay as people read it: milliseconds under a second, else whole seconds (`40s`,
+/// `10m`).
+fn format_delay(delay: Duration) -> String {
+    if delay < Duration::from_secs(1) {
+        format!("{}ms", delay.as_millis().max(1))
+    } else {
+        let seconds = Duration::from_secs(delay.as_secs_f64().round() as u64);
+        humantime::format_duration(seconds).to_string()
+    }
+}
+
+/// Whole seconds since the Unix epoch, as Kubernetes timestamps have them.
+fn unix_seconds(t: SystemTime) -> i64 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        Err(e) => -i64::try_from(e.duration().as_secs_f64().ceil() as u64).unwrap_or(i64::MAX),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1352 @@
+//! [`State::handle`] under a fake clock: `Instant`s the tests advance by hand, and wall times
+//! made up from a fixed start. One test per scenario of the end-to-end tests, each asserting the
+//! exact effects; they run in milliseconds.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Value, json};
+
+use super::*;
+use crate::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL, UNSTAMPED_ANNOTATION};
+use crate::core::refs::ObjectRef;
+use crate::core::rules::Lookup;
+
+const NS: &str = "shop";
+const WINDOW: Duration = Duration::from_secs(5);
+
+/// When the watcher under test started, on the wall clock.
+fn wall0() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+}
+
+fn config() -> WatcherConfig {
+    WatcherConfig {
+        debounce: WINDOW,
+        resync: Duration::from_secs(600),
+        max_touches_per_second: 5.0,
+        retry_base: Duration::from_secs(1),
+        ..WatcherConfig::default()
+    }
+}
+
+fn key_a() -> StampKey {
+    StampKey::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap()
+}
+
+fn key_b() -> StampKey {
+    StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap()
+}
+
+// ----- objects -----
+
+fn config_map(ns: &str, name: &str, data: &[(&str, &str)]) -> (ConfigKey, StoredConfig) {
+    config_map_annotated(ns, name, data, json!({}))
+}
+
+fn config_map_annotated(
+    ns: &str,
+    name: &str,
+    data: &[(&str, &str)],
+    annotations: Value,
+) -> (ConfigKey, StoredConfig) {
+    let data: BTreeMap<&str, &str> = data.iter().copied().collect();
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "resourceVersion": "1", "annotations": annotations},
+        "data": data,
+    }))
+    .unwrap();
+    (
+        (
+            ns.to_owned(),
+            ObjectRef::new(ObjectKind::ConfigMap, name.to_owned()),
+        ),
+        StoredConfig::from_config_map(&cm).unwrap(),
+    )
+}
+
+fn secret(ns: &str, name: &str, data: &[(&str, &str)]) -> (ConfigKey, StoredConfig) {
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(ns.to_owned()),
+            resource_version: Some("1".to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    };
+    (
+        (
+            ns.to_owned(),
+            ObjectRef::new(ObjectKind::Secret, name.to_owned()),
+        ),
+        StoredConfig::from_secret(&secret),
+    )
+}
+
+/// A workload as its watch reports it.
+#[derive(Debug, Clone)]
+struct W {
+    kind: WorkloadKind,
+    ns: String,
+    name: String,
+    uid: String,
+    /// (how, name): `configMap`, `optionalConfigMap` or `secret` in `envFrom`.
+    uses: Vec<(&'static str, String)>,
+    stamp: Option<String>,
+    labels: Value,
+    annotations: Value,
+    on_delete: bool,
+    created: Option<SystemTime>,
+}
+
+fn deployment(ns: &str, name: &str, uses: &[(&'static str, &str)]) -> W {
+    W {
+        kind: WorkloadKind::Deployment,
+        ns: ns.to_owned(),
+        name: name.to_owned(),
+        uid: format!("uid-{name}"),
+        uses: uses
+            .iter()
+            .map(|(how, n)| (*how, (*n).to_owned()))
+            .collect(),
+        stamp: None,
+        labels: json!({}),
+        annotations: json!({}),
+        on_delete: false,
+        created: None,
+    }
+}
+
+impl W {
+    fn stamped(mut self, stamp: &str) -> Self {
+        self.stamp = Some(stamp.to_owned());
+        self
+    }
+
+    fn key(&self) -> WorkloadKey {
+        WorkloadKey::new(self.kind, &self.ns, &self.name)
+    }
+
+    fn object(&self) -> Value {
+        let env_from: Vec<Value> = self
+            .uses
+            .iter()
+            .map(|(how, name)| match *how {
+                "configMap" => json!({"configMapRef": {"name": name}}),
+                "optionalConfigMap" => json!({"configMapRef": {"name": name, "optional": true}}),
+                "secret" => json!({"secretRef": {"name": name}}),
+                other => panic!("unknown use {other}"),
+            })
+            .collect();
+        let mut template_annotations = json!({});
+        if let Some(stamp) = &self.stamp {
+            template_annotations[CHECKSUM_ANNOTATION] = json!(stamp);
+        }
+        let mut obj = json!({
+            "apiVersion": "apps/v1",
+            "kind": self.kind.kind(),
+            "metadata": {
+                "name": self.name,
+                "namespace": self.ns,
+                "uid": self.uid,
+                "resourceVersion": "1",
+                "labels": self.labels,
+                "annotations": self.annotations,
+            },
+            "spec": {"template": {
+                "metadata": {"annotations": template_annotations},
+                "spec": {"containers": [{"name": "app", "image": "app", "envFrom": env_from}]},
+            }},
+        });
+        if self.on_delete {
+            obj["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+        }
+        if let Some(created) = self.created {
+            let seconds = unix_seconds(created);
+            obj["metadata"]["creationTimestamp"] = json!(
+                k8s_openapi::jiff::Timestamp::from_second(seconds)
+                    .unwrap()
+                    .to_string()
+            );
+        }
+        obj
+    }
+
+    fn entry(&self, max_references: usize) -> Option<WorkloadEntry> {
+        WorkloadEntry::from_object(self.kind, &self.object())
+            .unwrap()
+            .map(|e| e.limit_references(max_references))
+    }
+}
+
+// ----- the test bench -----
+
+struct Test {
+    state: State,
+    metrics: Arc<Metrics>,
+    key: Arc<StampKey>,
+    max_references: usize,
+    t0: Instant,
+    /// The ConfigMaps and Secrets as the cluster has them, for the stamps the tests expect.
+    cluster: BTreeMap<ConfigKey, StoredConfig>,
+}
+
+impl Test {
+    /// A replica that leads (as with `--leader-elect=false`), nothing listed yet.
+    fn leader(config: WatcherConfig) -> Self {
+        let mut t = Test::follower(config);
+        assert_eq!(t.feed(0.0, Input::Leader(true)), []);
+        t
+    }
+
+    /// A replica that does not lead.
+    fn follower(config: WatcherConfig) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let key = Arc::new(key_a());
+        let max_references = config.max_references;
+        Test {
+            state: State::new(config, key.clone(), metrics.clone(), wall0()),
+            metrics,
+            key,
+            max_references,
+            t0: Instant::now(),
+            cluster: BTreeMap::new(),
+        }
+    }
+
+    fn at(&self, seconds: f64) -> Instant {
+        self.t0 + Duration::from_secs_f64(seconds)
+    }
+
+    fn feed(&mut self, seconds: f64, input: Input) -> Vec<Effect> {
+        let now = self.at(seconds);
+        self.state.handle(input, now)
+    }
+
+    fn wake(&mut self, seconds: f64) -> Vec<Effect> {
+        self.feed(seconds, Input::Wake)
+    }
+
+    /// Seconds from the start to the next wake-up.
+    fn next_wake(&self) -> Option<f64> {
+        self.state
+            .next_wake()
+            .map(|t| t.duration_since(self.t0).as_secs_f64())
+    }
+
+    /// Every watch lists at time 0: these namespaces (name, opted in), ConfigMaps and Secrets,
+    /// and workloads. The effects of the whole list, reconcile at the end of it included.
+    fn start(
+        &mut self,
+        namespaces: &[(&str, bool)],
+        configs: &[(ConfigKey, StoredConfig)],
+        workloads: &[&W],
+    ) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for (name, opted_in) in namespaces {
+            effects.extend(self.namespace(0.0, name, *opted_in));
+        }
+        let names = namespaces.iter().map(|(n, _)| (*n).to_owned()).collect();
+        effects.extend(self.feed(0.0, Input::Namespace(Watched::Relisted(names))));
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            let mut listed = HashSet::new();
+            for (key, stored) in configs.iter().filter(|(k, _)| k.1.kind == kind) {
+                listed.insert(key.clone());
+                effects.extend(self.config(0.0, (key.clone(), stored.clone())));
+            }
+            let relisted = Watched::Relisted(listed);
+            effects.extend(self.feed(0.0, Input::Config(ConfigSource::Watch(kind), relisted)));
+        }
+        for kind in WorkloadKind::ALL {
+            let mut listed = HashSet::new();
+            for w in workloads.iter().filter(|w| w.kind == kind) {
+                listed.insert(w.key());
+                effects.extend(self.workload(0.0, w));
+            }
+            let relisted = Watched::Relisted(listed);
+            effects.extend(self.feed(0.0, Input::Workload(kind, relisted)));
+        }
+        assert!(self.state.is_synced());
+        effects
+    }
+
+    fn namespace(&mut self, seconds: f64, name: &str, opted_in: bool) -> Vec<Effect> {
+        let at = wall0() + Duration::from_secs_f64(seconds);
+        let seen = NamespaceSeen { opted_in, at };
+        self.feed(
+            seconds,
+            Input::Namespace(Watched::Applied(name.to_owned(), seen)),
+        )
+    }
+
+    /// A ConfigMap or Secret is written, and its watch reports it.
+    fn config(&mut self, seconds: f64, (key, stored): (ConfigKey, StoredConfig)) -> Vec<Effect> {
+        self.cluster.insert(key.clone(), stored.clone());
+        let source = ConfigSource::Watch(key.1.kind);
+        self.feed(
+            seconds,
+            Input::Config(source, Watched::Applied(key, Some(stored))),
+        )
+    }
+
+    fn delete_config(&mut self, seconds: f64, key: &ConfigKey) -> Vec<Effect> {
+        self.cluster.remove(key);
+        let source = ConfigSource::Watch(key.1.kind);
+        self.feed(
+            seconds,
+            Input::Config(source, Watched::Deleted(key.clone())),
+        )
+    }
+
+    fn workload(&mut self, seconds: f64, w: &W) -> Vec<Effect> {
+        let entry = w.entry(self.max_references);
+        self.feed(
+            seconds,
+            Input::Workload(w.kind, Watched::Applied(w.key(), entry)),
+        )
+    }
+
+    fn touched(&mut self, seconds: f64, w: &W, result: TouchResult) -> Vec<Effect> {
+        self.feed(seconds, Input::Touched(w.key(), result))
+    }
+
+    /// The stamp `w` should carry now, by the cluster's config and the current key.
+    fn expected(&self, w: &W) -> String {
+        let mut store = ConfigStore::default();
+        for (k, s) in &self.cluster {
+            store.upsert(k.clone(), s.clone());
+        }
+        let entry = w.entry(usize::MAX).unwrap();
+        match store.lookup(&self.key, &w.ns, &entry.refs, false) {
+            Lookup::Resolved { expected, .. } => expected.into(),
+            Lookup::Failed => unreachable!("the store never fails"),
+        }
+    }
+
+    /// The value of an unlabelled metric.
+    fn metric(&self, name: &str) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|line| {
+                let (n, v) = line.split_once(' ')?;
+                (n == name).then(|| v.trim().parse::<f64>().ok())?
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+fn touch(w: &W, stamp: &str, why: &str, attempt: u32) -> Effect {
+    Effect::Touch(Touch {
+        workload: w.key(),
+        stamp: stamp.to_owned(),
+        why: why.to_owned(),
+        attempt,
+    })
+}
+
+fn event(
+    w: &W,
+    type_: EventType,
+    reason: &'static str,
+    action: &'static str,
+    note: &str,
+) -> Effect {
+    Effect::Event(WorkloadEvent {
+        workload: w.key(),
+        uid: w.uid.clone(),
+        type_,
+        reason,
+        action,
+        note: note.to_owned(),
+    })
+}
+
+fn config_changed(w: &W, what: &str) -> Effect {
+    event(
+        w,
+        EventType::Normal,
+        CONFIG_CHANGED_REASON,
+        "Restamp",
+        &format!("{what}; the pod template was re-stamped and its pods roll"),
+    )
+}
+
+/// The two lists of ConfigMaps and Secrets passed through.
+fn listed() -> Vec<Effect> {
+    vec![Effect::ReleaseMemory, Effect::ReleaseMemory]
+}
+
+const STALE_WHY: &str = "its stamp was stale";
+const APP_ENV_CHANGED: &str = "ConfigMap app-env changed";
+
+/// The usual start: `shop` opted in, ConfigMap `app-env` and Deployment `web` using it, stamped
+/// by the webhook at CREATE.
+fn shop(t: &mut Test) -> W {
+    let app_env = config_map(NS, "app-env", &[("LOG_LEVEL", "info")]);
+    t.cluster.insert(app_env.0.clone(), app_env.1.clone());
+    let web = deployment(NS, "web", &[("configMap", "app-env")]);
+    let web = web.clone().stamped(&t.expected(&web));
+    assert_eq!(t.start(&[(NS, true)], &[app_env], &[&web]), listed());
+    web
+}
+
+fn app_env(level: &str) -> (ConfigKey, StoredConfig) {
+    config_map(NS, "app-env", &[("LOG_LEVEL", level)])
+}
+
+// ----- change windows -----
+
+#[test]
+fn one_change_touches_once_when_its_window_closes() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    assert_eq!(t.next_wake(), Some(600.0), "only the resync is due");
+
+    assert_eq!(t.config(1.0, app_env("debug")), []);
+    assert_eq!(
+        t.next_wake(),
+        Some(6.0),
+        "the window closes a debounce later"
+    );
+    assert_eq!(t.wake(5.999), []);
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+    assert_eq!(t.next_wake(), Some(600.0));
+
+    let web = web.stamped(&stamp);
+    assert_eq!(
+        t.touched(6.1, &web, TouchResult::Patched(Some(stamp.clone()))),
+        [config_changed(&web, APP_ENV_CHANGED)]
+    );
+    // The watch then shows the new stamp: nothing more to do.
+    assert_eq!(t.workload(6.2, &web), []);
+    assert_eq!(t.next_wake(), Some(600.0));
+    assert_eq!(t.metrics.touches("touched"), 1);
+    assert_eq!(t.metric("confighash_touch_retries_total"), 0.0);
+}
+
+#[test]
+fn a_burst_in_one_window_is_one_touch_to_the_final_content() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    for (at, level) in [(1.0, "1"), (2.0, "2"), (3.0, "3"), (5.9, "4")] {
+        assert_eq!(t.config(at, app_env(level)), []);
+        assert_eq!(t.next_wake(), Some(6.0), "later changes do not extend it");
+    }
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn changes_in_two_windows_touch_twice() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let first = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &first, APP_ENV_CHANGED, 0)]);
+    let web = web.stamped(&first);
+    t.touched(6.1, &web, TouchResult::Patched(Some(first.clone())));
+    t.workload(6.2, &web);
+
+    assert_eq!(t.config(7.0, app_env("trace")), []);
+    assert_eq!(t.next_wake(), Some(12.0));
+    let second = t.expected(&web);
+    assert_ne!(first, second);
+    assert_eq!(t.wake(12.0), [touch(&web, &second, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn a_metadata_only_write_opens_no_window() {
+    let mut t = Test::leader(config());
+    shop(&mut t);
+    let relabelled = config_map_annotated(
+        NS,
+        "app-env",
+        &[("LOG_LEVEL", "info")],
+        json!({"team": "shop"}),
+    );
+    assert_eq!(t.config(1.0, relabelled), []);
+    assert_eq!(t.next_wake(), Some(600.0));
+}
+
+#[test]
+fn a_change_during_a_touch_in_flight_waits_for_it() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let first = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &first, APP_ENV_CHANGED, 0)]);
+
+    // Another window closes while the touch is held up: parked, not sent.
+    t.config(7.0, app_env("trace"));
+    assert_eq!(t.wake(12.0), []);
+    assert_eq!(t.next_wake(), Some(600.0));
+
+    // Once it is done, the parked one is decided again, at once.
+    let second = t.expected(&web);
+    assert_eq!(
+        t.touched(13.0, &web, TouchResult::Patched(Some(first.clone()))),
+        [
+            config_changed(&web, APP_ENV_CHANGED),
+            touch(&web, &second, APP_ENV_CHANGED, 0)
+        ]
+    );
+}
+
+#[test]
+fn a_workload_that_arrives_stale_is_touched_a_window_later() {
+    let mut t = Test::leader(config());
+    shop(&mut t);
+    // Its ConfigMap's change came first and found nothing referencing it.
+    let old = deployment(NS, "api", &[("configMap", "api-env")]);
+    let old_stamp = t.expected(&old);
+    assert_eq!(t.config(1.0, config_map(NS, "api-env", &[("A", "1")])), []);
+    assert_eq!(t.next_wake(), Some(600.0));
+    let api = old.stamped(&old_stamp);
+    assert_eq!(t.workload(1.5, &api), []);
+    assert_eq!(t.next_wake(), Some(6.5));
+    let stamp = t.expected(&api);
+    assert_eq!(t.wake(6.5), [touch(&api, &stamp, STALE_WHY, 0)]);
+}
+
+// ----- pacing -----
+
+#[test]
+fn a_burst_across_many_workloads_is_paced_by_the_token_bucket() {
+    let mut t = Test::leader(WatcherConfig {
+        max_touches_per_second: 2.0,
+        ..config()
+    });
+    let shared = config_map(NS, "shared", &[("LOG_LEVEL", "info")]);
+    t.cluster.insert(shared.0.clone(), shared.1.clone());
+    let workloads: Vec<W> = (0..30)
+        .map(|i| {
+            let w = deployment(NS, &format!("web-{i:02}"), &[("configMap", "shared")]);
+            let stamp = t.expected(&w);
+            w.stamped(&stamp)
+        })
+        .collect();
+    let refs: Vec<&W> = workloads.iter().collect();
+    assert_eq!(t.start(&[(NS, true)], &[shared], &refs), listed());
+
+    t.config(1.0, config_map(NS, "shared", &[("LOG_LEVEL", "debug")]));
+    let stamp = t.expected(&workloads[0]);
+    let why = "ConfigMap shared changed";
+    let burst: Vec<Effect> = workloads[..20]
+        .iter()
+        .map(|w| touch(w, &stamp, why, 0))
+        .collect();
+    assert_eq!(t.wake(6.0), burst, "the bucket's burst");
+    assert_eq!(t.metric("confighash_touches_rate_limited_total"), 10.0);
+
+    // Then one every half second (2 a second), in order.
+    let mut last = 6.0;
+    for w in &workloads[20..] {
+        let next = t.next_wake().unwrap();
+        assert!((next - last - 0.5).abs() < 1e-3, "{next} after {last}");
+        last = next;
+        let now = t.state.next_wake().unwrap();
+        assert_eq!(t.state.handle(Input::Wake, now), [touch(w, &stamp, why, 0)]);
+    }
+    assert_eq!(t.next_wake(), Some(600.0));
+}
+
+// ----- retries -----
+
+#[test]
+fn a_stamp_kept_by_the_webhook_is_retried_for_the_same_change() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    let old = web.stamp.clone();
+    t.config(1.0, app_env("debug"));
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+
+    // The webhook's lookup failed: it kept the old stamp.
+    assert_eq!(t.touched(6.1, &web, TouchResult::Patched(old)), []);
+    assert_eq!(t.metrics.touches("kept-by-webhook"), 1);
+    assert_eq!(t.metric("confighash_touch_retries_total"), 1.0);
+    assert_eq!(t.next_wake(), Some(7.1), "retried after retry_base");
+    // At most one touch per workload per debounce: held until 11.
+    assert_eq!(t.wake(7.1), []);
+    assert_eq!(t.next_wake(), Some(11.0));
+    assert_eq!(
+        t.wake(11.0),
+        [touch(&web, &stamp, APP_ENV_CHANGED, 1)],
+        "the retry names the change, as its Event will"
+    );
+    assert_eq!(
+        t.touched(11.1, &web, TouchResult::Patched(Some(stamp.clone()))),
+        [config_changed(&web, APP_ENV_CHANGED)]
+    );
+}
+
+#[test]
+fn a_touch_that_keeps_failing_records_one_touch_failed_event_per_ten_minutes() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let stamp = t.expected(&web);
+    let forbidden = || {
+        TouchResult::Failed(TouchError::Forbidden(
+            "the API server answered 403 Forbidden".to_owned(),
+        ))
+    };
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+    assert_eq!(
+        t.touched(6.0, &web, forbidden()),
+        [],
+        "one failure: no Event yet"
+    );
+    assert_eq!(t.next_wake(), Some(7.0));
+    assert_eq!(t.wake(7.0), []);
+    assert_eq!(t.wake(11.0), [touch(&web, &stamp, APP_ENV_CHANGED, 1)]);
+    let note = "re-stamping the pod template after ConfigMap app-env changed failed 2 times in a \
+                row: the patch was refused (the API server answered 403 Forbidden): confighash's \
+                RBAC must allow patch on deployments; retrying in 2s";
+    assert_eq!(
+        t.touched(11.0, &web, forbidden()),
+        [event(
+            &web,
+            EventType::Warning,
+            TOUCH_FAILED_REASON,
+            "Restamp",
+            note
+        )]
+    );
+
+    // It goes on failing, with backoff: one more Event once ten minutes have passed.
+    let mut touches = vec![];
+    let mut events = vec![];
+    while let Some(next) = t.next_wake().filter(|n| *n < 1100.0) {
+        for effect in t.wake(next) {
+            let Effect::Touch(touch) = effect else {
+                panic!("{effect:?}");
+            };
+            touches.push((next, touch.attempt));
+            for effect in t.touched(next, &web, forbidden()) {
+                events.push((next, effect));
+            }
+        }
+    }
+    assert_eq!(
+        touches,
+        [
+            (16.0, 2),
+            (21.0, 3),
+            (29.0, 4),
+            (45.0, 5),
+            (77.0, 6),
+            (141.0, 7),
+            (269.0, 8),
+            (525.0, 9),
+            (1037.0, 10)
+        ]
+    );
+    let note = "re-stamping the pod template after ConfigMap app-env changed failed 11 times in a \
+                row: the patch was refused (the API server answered 403 Forbidden): confighash's \
+                RBAC must allow patch on deployments; retrying in 10m";
+    assert_eq!(
+        events,
+        [(
+            1037.0,
+            event(
+                &web,
+                EventType::Warning,
+                TOUCH_FAILED_REASON,
+                "Restamp",
+                note
+            )
+        )]
+    );
+    assert_eq!(t.metrics.touches("error"), 11);
+
+    // The resync finds it pending and leaves its time alone.
+    assert_eq!(t.wake(1200.0), []);
+    assert_eq!(t.next_wake(), Some(1637.0));
+    // Allowed again: it lands, and its Event names the change.
+    assert_eq!(t.wake(1637.0), [touch(&web, &stamp, APP_ENV_CHANGED, 11)]);
+    assert_eq!(
+        t.touched(1637.0, &web, TouchResult::Patched(Some(stamp.clone()))),
+        [config_changed(&web, APP_ENV_CHANGED)]
+    );
+}
+
+#[test]
+fn other_failures_are_retried_and_named_as_they_are() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let stamp = t.expected(&web);
+    let failed =
+        || TouchResult::Failed(TouchError::Other("the API server answered 500".to_owned()));
+    t.wake(6.0);
+    assert_eq!(t.touched(6.0, &web, failed()), []);
+    assert_eq!(t.wake(11.0), [touch(&web, &stamp, APP_ENV_CHANGED, 1)]);
+    let note = "re-stamping the pod template after ConfigMap app-env changed failed 2 times in a \
+                row: the patch failed (the API server answered 500); retrying in 2s";
+    assert_eq!(
+        t.touched(11.5, &web, failed()),
+        [event(
+            &web,
+            EventType::Warning,
+            TOUCH_FAILED_REASON,
+            "Restamp",
+            note
+        )]
+    );
+}
+
+#[test]
+fn a_workload_gone_before_its_touch_is_not_retried() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    t.wake(6.0);
+    assert_eq!(t.touched(6.1, &web, TouchResult::Gone), []);
+    assert_eq!(t.metrics.touches("gone"), 1);
+    assert_eq!(t.next_wake(), Some(600.0));
+    // A result for a touch not in flight is ignored.
+    assert_eq!(t.touched(6.2, &web, TouchResult::Gone), []);
+    assert_eq!(t.metrics.touches("gone"), 1);
+}
+
+// ----- leadership -----
+
+#[test]
+fn only_the_leader_touches_and_a_new_leader_reconciles() {
+    let mut t = Test::follower(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    assert_eq!(t.wake(6.0), [], "a follower only watches");
+    assert_eq!(t.next_wake(), Some(600.0));
+    assert_eq!(t.metric("confighash_leader"), 0.0);
+
+    let stamp = t.expected(&web);
+    assert_eq!(
+        t.feed(7.0, Input::Leader(true)),
+        [touch(&web, &stamp, STALE_WHY, 0)],
+        "it compares every stamp at once"
+    );
+    assert_eq!(t.metric("confighash_leader"), 1.0);
+    assert_eq!(t.metric("confighash_reconcile_mismatches_total"), 1.0);
+    assert_eq!(
+        t.feed(7.5, Input::Leader(true)),
+        [],
+        "no change, no reconcile"
+    );
+    let web = web.stamped(&stamp);
+    t.touched(7.6, &web, TouchResult::Patched(Some(stamp)));
+    t.workload(7.7, &web);
+
+    // Leadership lost with a change pending: dropped.
+    t.config(8.0, app_env("trace"));
+    assert_eq!(t.feed(9.0, Input::Leader(false)), []);
+    assert_eq!(t.wake(13.0), []);
+    assert_eq!(t.metric("confighash_leader"), 0.0);
+}
+
+// ----- restarts -----
+
+#[test]
+fn a_restart_with_nothing_changed_touches_nothing() {
+    let mut t = Test::leader(config());
+    shop(&mut t);
+    assert_eq!(t.wake(600.0), [], "nor does the resync");
+    assert_eq!(t.next_wake(), Some(1200.0));
+}
+
+#[test]
+fn a_restart_touches_stale_stamps_and_markers_once_and_leaves_the_unstamped() {
+    let mut t = Test::leader(config());
+    let app = app_env("info");
+    t.cluster.insert(app.0.clone(), app.1.clone());
+    let uses = [("configMap", "app-env")];
+    // Stamped before the ConfigMap changed, while the watcher was down.
+    let stale_stamp = t.expected(&deployment(NS, "stale", &uses));
+    let changed = app_env("debug");
+    t.cluster.insert(changed.0.clone(), changed.1.clone());
+    let fresh = deployment(NS, "fresh", &uses);
+    let fresh = fresh.clone().stamped(&t.expected(&fresh));
+    let stale = deployment(NS, "stale", &uses).stamped(&stale_stamp);
+    let mut marked = deployment(NS, "marked", &uses);
+    marked.annotations = json!({UNSTAMPED_ANNOTATION: "lookup-failed"});
+    let unstamped = deployment(NS, "unstamped", &uses);
+    let stamp = t.expected(&fresh);
+
+    let effects = t.start(
+        &[(NS, true)],
+        &[changed],
+        &[&fresh, &stale, &marked, &unstamped],
+    );
+    let mut expected = listed();
+    expected.extend([
+        touch(&marked, &stamp, STALE_WHY, 0),
+        touch(&stale, &stamp, STALE_WHY, 0),
+    ]);
+    assert_eq!(effects, expected);
+    assert_eq!(t.metric("confighash_reconcile_mismatches_total"), 2.0);
+}
+
+#[test]
+fn stamp_existing_stamps_the_unstamped_at_start() {
+    let mut t = Test::leader(WatcherConfig {
+        rules: rules::Options {
+            stamp_existing: true,
+            ..rules::Options::default()
+        },
+        ..config()
+    });
+    let app = app_env("info");
+    t.cluster.insert(app.0.clone(), app.1.clone());
+    let unstamped = deployment(NS, "unstamped", &[("configMap", "app-env")]);
+    let stamp = t.expected(&unstamped);
+    let mut expected = listed();
+    expected.push(touch(&unstamped, &stamp, STALE_WHY, 0));
+    assert_eq!(t.start(&[(NS, true)], &[app], &[&unstamped]), expected);
+}
+
+#[test]
+fn a_dropped_watch_relisting_a_change_touches_once() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    // The watch broke (410) across a change: the re-list shows it.
+    let (key, stored) = app_env("debug");
+    t.cluster.insert(key.clone(), stored.clone());
+    let source = || ConfigSource::Watch(ObjectKind::ConfigMap);
+    let applied = Watched::Applied(key.clone(), Some(stored));
+    assert_eq!(t.feed(1.0, Input::Config(source(), applied)), []);
+    let relisted = Watched::Relisted(HashSet::from([key]));
+    assert_eq!(
+        t.feed(1.1, Input::Config(source(), relisted)),
+        [Effect::ReleaseMemory]
+    );
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn a_relist_removes_what_vanished_meanwhile() {
+    let mut t = Test::leader(config());
+    let maybe = config_map(NS, "maybe", &[("FEATURE", "on")]);
+    t.cluster.insert(maybe.0.clone(), maybe.1.clone());
+    let opt = deployment(NS, "opt", &[("optionalConfigMap", "maybe")]);
+    let opt = opt.clone().stamped(&t.expected(&opt));
+    assert_eq!(
+        t.start(&[(NS, true)], std::slice::from_ref(&maybe), &[&opt]),
+        listed()
+    );
+
+    // Deleted while the watch was down: the re-list does not show it.
+    t.cluster.remove(&maybe.0);
+    let relisted = Watched::Relisted(HashSet::new());
+    let source = ConfigSource::Watch(ObjectKind::ConfigMap);
+    assert_eq!(
+        t.feed(1.0, Input::Config(source, relisted)),
+        [Effect::ReleaseMemory]
+    );
+    let stamp = t.expected(&opt);
+    assert_ne!(Some(&stamp), opt.stamp.as_ref());
+    assert_eq!(
+        t.wake(6.0),
+        [touch(&opt, &stamp, "ConfigMap maybe changed", 0)]
+    );
+
+    // A workload gone meanwhile is forgotten, with what was pending for it.
+    t.config(7.0, config_map(NS, "maybe", &[("FEATURE", "off")]));
+    let relisted = Watched::Relisted(HashSet::new());
+    assert_eq!(
+        t.feed(8.0, Input::Workload(WorkloadKind::Deployment, relisted)),
+        []
+    );
+    assert_eq!(t.wake(12.0), []);
+    assert_eq!(t.next_wake(), Some(600.0));
+    assert!(
+        t.metrics
+            .encode()
+            .contains("confighash_watched_objects{kind=\"Deployment\"} 0")
+    );
+}
+
+#[test]
+fn a_kind_the_cluster_does_not_serve_counts_as_listed() {
+    let mut t = Test::leader(config());
+    for input in [
+        Input::Namespace(Watched::Relisted(HashSet::new())),
+        Input::Config(
+            ConfigSource::Watch(ObjectKind::ConfigMap),
+            Watched::Relisted(HashSet::new()),
+        ),
+        Input::Config(
+            ConfigSource::Watch(ObjectKind::Secret),
+            Watched::Relisted(HashSet::new()),
+        ),
+    ] {
+        t.feed(0.0, input);
+    }
+    for kind in WorkloadKind::ALL {
+        assert!(!t.state.is_synced());
+        let input = if kind == WorkloadKind::Rollout {
+            Input::NotServed(kind)
+        } else {
+            Input::Workload(kind, Watched::Relisted(HashSet::new()))
+        };
+        t.feed(0.0, input);
+    }
+    assert!(t.state.is_synced());
+    assert_eq!(t.metric("confighash_watcher_cache_synced"), 1.0);
+}
+
+// ----- what is left alone -----
+
+#[test]
+fn opted_out_workloads_and_namespaces_not_opted_in_are_left_alone() {
+    let mut t = Test::leader(config());
+    let uses = [("configMap", "app-env")];
+    let mut opted_out = deployment(NS, "opted-out", &uses);
+    opted_out.labels = json!({ENABLED_LABEL: "false"});
+    let plain = deployment("plain", "web", &uses);
+    let effects = t.start(
+        &[(NS, true), ("plain", false)],
+        &[
+            app_env("info"),
+            config_map("plain", "app-env", &[("A", "1")]),
+        ],
+        &[&opted_out, &plain],
+    );
+    assert_eq!(effects, listed());
+    assert!(
+        t.metrics
+            .encode()
+            .contains("confighash_watched_objects{kind=\"ConfigMap\"} 1"),
+        "only the opted-in namespace's ConfigMap is kept"
+    );
+
+    assert_eq!(t.config(1.0, app_env("debug")), []);
+    assert_eq!(
+        t.config(1.0, config_map("plain", "app-env", &[("A", "2")])),
+        []
+    );
+    assert_eq!(t.wake(6.0), []);
+}
+
+#[test]
+fn an_excluded_namespace_is_never_opted_in() {
+    let mut t = Test::leader(config());
+    let uses = [("configMap", "app-env")];
+    let system = deployment("kube-system", "dns", &uses);
+    let config = config_map("kube-system", "app-env", &[("A", "1")]);
+    let stale = system.clone().stamped("v2:00000000:stale");
+    t.start(&[("kube-system", true)], &[config], &[&stale]);
+    assert_eq!(
+        t.config(1.0, config_map("kube-system", "app-env", &[("A", "2")])),
+        []
+    );
+    assert_eq!(t.wake(6.0), []);
+    assert_eq!(t.wake(600.0), []);
+}
+
+#[test]
+fn the_ignore_annotation_changes_the_stamp_once_and_then_content_rolls_nothing() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    let ignore = json!({"confighash.dev/ignore": "true"});
+    let ignored =
+        |level| config_map_annotated(NS, "app-env", &[("LOG_LEVEL", level)], ignore.clone());
+    t.config(1.0, ignored("info"));
+    let stamp = t.expected(&web);
+    let no_refs = t.expected(&deployment(NS, "no-refs", &[]));
+    assert_eq!(stamp, no_refs, "left out as if unreferenced");
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+    let web = web.stamped(&stamp);
+    t.touched(6.1, &web, TouchResult::Patched(Some(stamp.clone())));
+    t.workload(6.2, &web);
+
+    // A content change of an ignored ConfigMap: a window, and nothing to touch.
+    assert_eq!(t.config(7.0, ignored("debug")), []);
+    assert_eq!(t.wake(12.0), []);
+}
+
+#[test]
+fn an_optional_reference_that_appears_touches_once() {
+    let mut t = Test::leader(config());
+    let opt = deployment(NS, "opt", &[("optionalConfigMap", "maybe")]);
+    let opt = opt.clone().stamped(&t.expected(&opt));
+    assert_eq!(t.start(&[(NS, true)], &[], &[&opt]), listed());
+    t.config(1.0, config_map(NS, "maybe", &[("FEATURE", "on")]));
+    let stamp = t.expected(&opt);
+    assert_eq!(
+        t.wake(6.0),
+        [touch(&opt, &stamp, "ConfigMap maybe changed", 0)]
+    );
+}
+
+// ----- deletes -----
+
+#[test]
+fn a_deleted_required_config_map_touches_nothing_until_new_content() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    let (key, _) = app_env("info");
+    assert_eq!(t.delete_config(1.0, &key), []);
+    assert_eq!(t.next_wake(), Some(6.0));
+    assert_eq!(t.wake(6.0), [], "new pods could not start anyway");
+
+    assert_eq!(t.config(7.0, app_env("info")), []);
+    assert_eq!(t.wake(12.0), [], "re-created with the same content");
+
+    t.config(13.0, app_env("debug"));
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(18.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn roll_on_delete_touches_when_a_required_config_map_goes() {
+    let mut t = Test::leader(WatcherConfig {
+        rules: rules::Options {
+            roll_on_delete: true,
+            ..rules::Options::default()
+        },
+        ..config()
+    });
+    let web = shop(&mut t);
+    t.delete_config(1.0, &app_env("info").0);
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn a_deleted_workload_is_forgotten() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let deleted = Watched::Deleted(web.key());
+    assert_eq!(
+        t.feed(2.0, Input::Workload(WorkloadKind::Deployment, deleted)),
+        []
+    );
+    assert_eq!(t.wake(6.0), [], "nothing references the change any more");
+}
+
+// ----- too many references -----
+
+#[test]
+fn a_workload_over_max_references_is_frozen_with_one_event() {
+    let mut t = Test::leader(WatcherConfig {
+        max_references: 2,
+        ..config()
+    });
+    let big = deployment(
+        NS,
+        "big",
+        &[("configMap", "a"), ("configMap", "b"), ("configMap", "c")],
+    );
+    let note = "it references more than 2 ConfigMaps and Secrets (--max-references): confighash \
+                does not read them, stamp it or roll it on config changes";
+    let warning = event(
+        &big,
+        EventType::Warning,
+        TOO_MANY_REFERENCES_REASON,
+        "Skip",
+        note,
+    );
+    let mut expected = listed();
+    expected.push(warning.clone());
+    assert_eq!(
+        t.start(&[(NS, true)], &[config_map(NS, "a", &[])], &[&big]),
+        expected
+    );
+    assert_eq!(t.workload(1.0, &big), [], "one Event per workload");
+    assert_eq!(t.config(2.0, config_map(NS, "a", &[("X", "1")])), []);
+    assert_eq!(t.next_wake(), Some(600.0), "its references are not kept");
+    assert_eq!(t.wake(600.0), []);
+
+    // Deleted and created again: another workload, another Event.
+    let deleted = Watched::Deleted(big.key());
+    t.feed(601.0, Input::Workload(WorkloadKind::Deployment, deleted));
+    assert_eq!(t.workload(602.0, &big), [warning]);
+}
+
+#[test]
+fn a_follower_records_no_too_many_references_event() {
+    let mut t = Test::follower(WatcherConfig {
+        max_references: 0,
+        ..config()
+    });
+    let big = deployment(NS, "big", &[("configMap", "a")]);
+    assert_eq!(t.start(&[(NS, true)], &[], &[&big]), listed());
+}
+
+// ----- namespaces opting in -----
+
+#[test]
+fn a_namespace_opting_in_is_listed_then_its_changes_touch_with_every_reference() {
+    let mut t = Test::leader(config());
+    let uses = [("configMap", "app-env"), ("secret", "db")];
+    let web = deployment("late", "web", &uses);
+    let app_env_late = |level| config_map("late", "app-env", &[("LOG_LEVEL", level)]);
+    let db = secret("late", "db", &[("password", "one")]);
+    let effects = t.start(
+        &[(NS, true), ("late", false)],
+        &[app_env_late("info"), db.clone()],
+        &[&web],
+    );
+    assert_eq!(effects, listed());
+    assert!(
+        t.metrics
+            .encode()
+            .contains("confighash_watched_objects{kind=\"Secret\"} 0"),
+        "left out while not opted in"
+    );
+
+    assert_eq!(
+        t.namespace(1.0, "late", true),
+        [Effect::Backfill {
+            namespace: "late".to_owned(),
+            generation: 1
+        }]
+    );
+    // A change seen on the watch during the list: its window closes before the list is in.
+    t.config(2.0, app_env_late("debug"));
+    assert_eq!(t.wake(7.0), [], "decided once the list is in");
+
+    // The list (older than the watch for app-env) arrives.
+    let source = || ConfigSource::Backfill {
+        namespace: "late".to_owned(),
+        generation: 1,
+    };
+    for (key, stored) in [app_env_late("info"), db.clone()] {
+        let applied = Watched::Applied(key, Some(stored));
+        assert_eq!(t.feed(8.0, Input::Config(source(), applied)), []);
+    }
+    let all = HashSet::from([app_env_late("info").0, db.0.clone()]);
+    let stamp = t.expected(&web);
+    assert_eq!(
+        t.feed(8.0, Input::Config(source(), Watched::Relisted(all))),
+        [
+            Effect::ReleaseMemory,
+            touch(&web, &stamp, APP_ENV_CHANGED, 0)
+        ],
+        "the stamp covers the Secret too, which did not change"
+    );
+}
+
+#[test]
+fn a_list_of_an_earlier_opt_in_is_dropped() {
+    let mut t = Test::leader(config());
+    t.start(&[("late", false)], &[], &[]);
+    t.namespace(1.0, "late", true);
+    t.namespace(2.0, "late", false);
+    assert_eq!(
+        t.namespace(3.0, "late", true),
+        [Effect::Backfill {
+            namespace: "late".to_owned(),
+            generation: 2
+        }]
+    );
+    let old = ConfigSource::Backfill {
+        namespace: "late".to_owned(),
+        generation: 1,
+    };
+    let (key, stored) = config_map("late", "app-env", &[]);
+    let applied = Watched::Applied(key.clone(), Some(stored));
+    assert_eq!(t.feed(4.0, Input::Config(old.clone(), applied)), []);
+    let relisted = Watched::Relisted(HashSet::from([key]));
+    assert_eq!(t.feed(4.0, Input::Config(old, relisted)), []);
+    assert!(
+        t.metrics
+            .encode()
+            .contains("confighash_watched_objects{kind=\"ConfigMap\"} 0")
+    );
+}
+
+#[test]
+fn a_change_made_while_opted_out_touches_once_when_the_namespace_opts_back_in() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.namespace(1.0, NS, false);
+    assert_eq!(t.config(2.0, app_env("debug")), [], "not kept meanwhile");
+    assert_eq!(t.wake(7.0), []);
+
+    let backfill = Effect::Backfill {
+        namespace: NS.to_owned(),
+        generation: 1,
+    };
+    assert_eq!(t.namespace(8.0, NS, true), [backfill]);
+    let source = || ConfigSource::Backfill {
+        namespace: NS.to_owned(),
+        generation: 1,
+    };
+    let (key, stored) = app_env("debug");
+    let applied = Watched::Applied(key.clone(), Some(stored));
+    t.feed(9.0, Input::Config(source(), applied));
+    let relisted = Watched::Relisted(HashSet::from([key]));
+    assert_eq!(
+        t.feed(9.0, Input::Config(source(), relisted)),
+        [Effect::ReleaseMemory]
+    );
+    assert_eq!(t.next_wake(), Some(14.0), "compared a window later");
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(14.0), [touch(&web, &stamp, STALE_WHY, 0)]);
+}
+
+#[test]
+fn a_namespace_seen_for_the_first_time_is_compared_a_window_later() {
+    let mut t = Test::leader(config());
+    t.start(&[], &[], &[]);
+    let stale = deployment("new", "web", &[]).stamped("v2:00000000:other-key");
+    let uses = [("configMap", "app-env")];
+    let web = deployment("new", "api", &uses);
+    let old_stamp = t.expected(&web);
+    let web = web.stamped(&old_stamp);
+    t.config(1.0, config_map("new", "app-env", &[("A", "1")]));
+    t.workload(1.0, &stale);
+    t.workload(1.0, &web);
+    assert_eq!(t.namespace(2.0, "new", true), []);
+    assert_eq!(t.next_wake(), Some(7.0));
+    let stamp = t.expected(&web);
+    assert_eq!(
+        t.wake(7.0),
+        [touch(&web, &stamp, STALE_WHY, 0)],
+        "the foreign stamp is left alone"
+    );
+}
+
+// ----- the key -----
+
+#[test]
+fn a_replaced_key_touches_nothing_until_a_real_change() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    let old = web.stamp.clone();
+    t.key = Arc::new(key_b());
+    assert_eq!(t.feed(1.0, Input::Key(t.key.clone())), []);
+    assert_eq!(t.wake(600.0), [], "reconcile leaves the foreign stamp");
+    assert_eq!(t.feed(601.0, Input::Leader(false)), []);
+    assert_eq!(
+        t.feed(602.0, Input::Leader(true)),
+        [],
+        "as does a new leader"
+    );
+
+    t.config(603.0, app_env("debug"));
+    let stamp = t.expected(&web);
+    assert!(stamp.starts_with(&format!("v2:{}:", key_b().id())));
+    assert_eq!(t.wake(608.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+    // The webhook kept the foreign stamp: the retry is still a config change and replaces it.
+    assert_eq!(t.touched(608.1, &web, TouchResult::Patched(old)), []);
+    assert_eq!(t.wake(613.0), [touch(&web, &stamp, APP_ENV_CHANGED, 1)]);
+}
+
+// ----- Events -----
+
+#[test]
+fn an_on_delete_workload_is_told_its_pods_do_not_roll() {
+    let mut t = Test::leader(config());
+    let app = app_env("info");
+    t.cluster.insert(app.0.clone(), app.1.clone());
+    let mut db = deployment(NS, "db", &[("configMap", "app-env")]);
+    db.kind = WorkloadKind::StatefulSet;
+    db.on_delete = true;
+    let db = db.clone().stamped(&t.expected(&db));
+    t.start(&[(NS, true)], &[app], &[&db]);
+    t.config(1.0, app_env("debug"));
+    let stamp = t.expected(&db);
+    assert_eq!(t.wake(6.0), [touch(&db, &stamp, APP_ENV_CHANGED, 0)]);
+    let note = "ConfigMap app-env changed; the pod template was re-stamped, but pods will not \
+                roll by themselves (OnDelete update strategy or paused): delete or resume them to \
+                apply the new config";
+    assert_eq!(
+        t.touched(6.1, &db, TouchResult::Patched(Some(stamp))),
+        [event(
+            &db,
+            EventType::Warning,
+            CONFIG_CHANGED_REASON,
+            "Restamp",
+            note
+        )]
+    );
+}
+
+// ----- workloads that bypassed the webhook -----
+
+#[test]
+fn a_workload_created_past_the_webhook_is_counted_once() {
+    let mut t = Test::leader(config());
+    t.start(&[(NS, true)], &[], &[]);
+    let created = |w: W, seconds| W {
+        created: Some(wall0() + Duration::from_secs(seconds)),
+        ..w
+    };
+    let early = created(deployment(NS, "early", &[]), 20);
+    assert_eq!(t.workload(20.0, &early), []);
+    assert_eq!(t.metrics.workloads_bypassed(), 0, "within the grace");
+
+    let web = created(deployment(NS, "web", &[]), 40);
+    t.workload(40.0, &web);
+    t.workload(41.0, &web);
+    assert_eq!(t.metrics.workloads_bypassed(), 1, "each workload once");
+    let stamped = created(deployment(NS, "stamped", &[]), 40).stamped("v2:x:y");
+    let mut opted_out = created(deployment(NS, "opted-out", &[]), 40);
+    opted_out.labels = json!({ENABLED_LABEL: "false"});
+    let other = created(deployment("other", "web", &[]), 40);
+    for w in [&stamped, &opted_out, &other] {
+        t.workload(42.0, w);
+    }
+    assert_eq!(t.metrics.workloads_bypassed(), 1);
+
+    // The same name again is another workload (another uid).
+    let again = W {
+        uid: "uid-web-2".to_owned(),
+        ..web
+    };
+    t.workload(50.0, &again);
+    assert_eq!(t.metrics.workloads_bypassed(), 2);
+
+    // A namespace that opts in later: its grace starts then.
+    t.namespace(100.0, "later", true);
+    t.workload(110.0, &created(deployment("later", "a", &[]), 110));
+    assert_eq!(t.metrics.workloads_bypassed(), 2);
+    t.workload(131.0, &created(deployment("later", "b", &[]), 131));
+    assert_eq!(t.metrics.workloads_bypassed(), 3);
+}
+
+// ----- text -----
+
+#[test]
+fn retry_delays_read_as_people_write_them() {
+    assert_eq!(format_delay(Duration::from_millis(200)), "200ms");
+    assert_eq!(format_delay(Duration::ZERO), "1ms");
+    assert_eq!(format_delay(Duration::from_millis(40_400)), "40s");
+    assert_eq!(format_delay(Duration::from_secs(600)), "10m");
+}
+
+#[test]
+fn changed_names_stay_short() {
+    let key = |kind, name: &str| ("shop".to_owned(), ObjectRef::new(kind, name.to_owned()));
+    let one = BTreeSet::from([key(ObjectKind::ConfigMap, "app-env")]);
+    assert_eq!(changed_names(&one), "ConfigMap app-env changed");
+    let many: BTreeSet<ConfigKey> = (0..5)
+        .map(|i| key(ObjectKind::Secret, &format!("s{i}")))
+        .collect();
+    assert_eq!(
+        changed_names(&many),
+        "Secret s0, Secret s1, Secret s2 and 2 more changed"
+    );
+}
+
+#[test]
+fn unix_seconds_are_whole_seconds_rounded_down() {
+    let t = SystemTime::UNIX_EPOCH + Duration::from_millis(10_900);
+    assert_eq!(unix_seconds(t), 10);
+    assert_eq!(unix_seconds(SystemTime::UNIX_EPOCH), 0);
+}
