@@ -251,7 +251,25 @@ impl WorkloadEntry {
         kind: WorkloadKind,
         obj: &Value,
     ) -> Result<Option<Self>, workload::WorkloadError> {
-        let info = match workload::analyze(kind, obj)? {
+        Self::read(kind, obj, usize::MAX)
+    }
+
+    /// [`Self::from_object`] with at most `max_references` references read, then
+    /// [`Self::limit_references`]: what the watcher keeps, at a cost that stops at the limit.
+    pub fn from_object_within(
+        kind: WorkloadKind,
+        obj: &Value,
+        max_references: usize,
+    ) -> Result<Option<Self>, workload::WorkloadError> {
+        Ok(Self::read(kind, obj, max_references)?.map(|e| e.limit_references(max_references)))
+    }
+
+    fn read(
+        kind: WorkloadKind,
+        obj: &Value,
+        max_references: usize,
+    ) -> Result<Option<Self>, workload::WorkloadError> {
+        let info = match workload::analyze_within(kind, obj, max_references)? {
             Analysis::Workload(info) => info,
             Analysis::Unsupported | Analysis::WorkloadRef => return Ok(None),
         };
@@ -287,7 +305,7 @@ impl WorkloadEntry {
     /// terminal marker): the webhook reads nothing for it, so the watcher never touches it and
     /// keeps none of its references.
     pub fn limit_references(mut self, max_references: usize) -> Self {
-        if self.too_many_references || self.refs.len() > max_references {
+        if self.too_many_references || self.refs.over_limit() || self.refs.len() > max_references {
             self.too_many_references = true;
             self.opted_out = true;
             self.refs = References::default();
@@ -417,5 +435,44 @@ impl WorkloadIndex {
 
     pub fn is_empty(&self) -> bool {
         self.workloads.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(names: &[String]) -> Value {
+        json!({
+            "metadata": {
+                "name": "web",
+                "annotations": {crate::core::names::EXTRA_CONFIGMAPS_ANNOTATION: names.join(",")},
+            },
+            "spec": {"template": {"spec": {"containers": [{"name": "app"}]}}},
+        })
+    }
+
+    #[test]
+    fn a_workload_over_the_limit_is_frozen_without_reading_past_it() {
+        let many: Vec<String> = (0..10_000).rev().map(|i| format!("cm-{i:05}")).collect();
+        let entry =
+            WorkloadEntry::from_object_within(WorkloadKind::Deployment, &deployment(&many), 256)
+                .unwrap()
+                .unwrap();
+        assert!(entry.too_many_references);
+        assert!(entry.opted_out);
+        assert!(entry.refs.is_empty());
+
+        let at_limit: Vec<String> = (0..256).map(|i| format!("cm-{i:03}")).collect();
+        let entry = WorkloadEntry::from_object_within(
+            WorkloadKind::Deployment,
+            &deployment(&at_limit),
+            256,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(!entry.too_many_references);
+        assert_eq!(entry.refs.len(), 256);
     }
 }

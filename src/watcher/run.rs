@@ -423,8 +423,8 @@ async fn watch_workloads(
         },
         |key: &WorkloadKey, obj: DynamicObject| {
             let value = serde_json::to_value(&obj).ok()?;
-            match WorkloadEntry::from_object(kind, &value) {
-                Ok(entry) => entry.map(|e| e.limit_references(max_references)),
+            match WorkloadEntry::from_object_within(kind, &value, max_references) {
+                Ok(entry) => entry,
                 Err(e) => {
                     tracing::warn!(kind = kind.kind(), namespace = key.namespace, name = key.name, error = %e, "workload left out");
                     None
