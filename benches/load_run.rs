@@ -235,6 +235,7 @@ struct Template {
     kind: ReviewKind,
     body: Vec<u8>,
     ns_offsets: Vec<usize>,
+    stamp_offsets: Vec<usize>,
     uid_offset: usize,
     /// `request.object`.
     object: Value,
@@ -245,10 +246,15 @@ struct Template {
 }
 
 impl Template {
-    fn body_for(&self, namespace: &str, uid: &str) -> Vec<u8> {
+    /// The body for `namespace` (index `ns` of `stamps`) and review `uid`.
+    fn body_for(&self, stamps: &Stamps, ns: usize, namespace: &str, uid: &str) -> Vec<u8> {
         let mut body = self.body.clone();
         for &at in &self.ns_offsets {
             body[at..at + NS_PLACEHOLDER.len()].copy_from_slice(namespace.as_bytes());
+        }
+        let stamp = stamps.of(ns);
+        for &at in &self.stamp_offsets {
+            body[at..at + stamp.len()].copy_from_slice(stamp.as_bytes());
         }
         body[self.uid_offset..self.uid_offset + UID_PLACEHOLDER.len()]
             .copy_from_slice(uid.as_bytes());
@@ -294,6 +300,33 @@ fn deployment(log_level: &str, stamp: Option<&str>) -> Value {
     obj
 }
 
+/// The expected stamp of the fixture's Deployment in each namespace (by index, the check
+/// namespace last), and the placeholder of the same length the templates carry instead.
+struct Stamps {
+    placeholder: String,
+    by_namespace: Vec<String>,
+}
+
+impl Stamps {
+    async fn new(key: &StampKey) -> Stamps {
+        let mut by_namespace = Vec::with_capacity(CHECK_NAMESPACE + 1);
+        for i in 0..=CHECK_NAMESPACE {
+            by_namespace.push(expected_stamp(key, &namespace_name(i)).await);
+        }
+        let placeholder = format!("v2:{}:{}", key.id(), "e".repeat(64));
+        assert!(by_namespace.iter().all(|s| s.len() == placeholder.len()));
+        Stamps {
+            placeholder,
+            by_namespace,
+        }
+    }
+
+    fn of(&self, ns: usize) -> &str {
+        &self.by_namespace[ns]
+    }
+}
+
+/// The review templates; `expected` stands for the expected stamp of the review's namespace.
 fn templates(expected: &str) -> Vec<Template> {
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
     let stale = fixture::stale_stamp();
@@ -393,12 +426,14 @@ fn templates(expected: &str) -> Vec<Template> {
                     .collect()
             };
             let ns_offsets = find(NS_PLACEHOLDER);
+            let stamp_offsets = find(expected);
             let uid_offsets = find(UID_PLACEHOLDER);
             assert_eq!(uid_offsets.len(), 1);
             assert!(!ns_offsets.is_empty());
             Template {
                 kind,
                 ns_offsets,
+                stamp_offsets,
                 uid_offset: uid_offsets[0],
                 body,
                 object,
@@ -409,9 +444,9 @@ fn templates(expected: &str) -> Vec<Template> {
         .collect()
 }
 
-/// The expected stamp of the fixture's Deployment over the fixture's objects, computed with the
-/// recipe over an in-memory source (stamps do not depend on the namespace).
-async fn expected_stamp(key: &StampKey) -> String {
+/// The expected stamp of the fixture's Deployment in `namespace` over the fixture's objects,
+/// computed with the recipe over an in-memory source (the namespace enters every stamp).
+async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
     fixture::check_references();
     let obj = fixture::deployment("info", "");
     let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::Deployment, &obj) else {
@@ -419,7 +454,7 @@ async fn expected_stamp(key: &StampKey) -> String {
     };
     let resolved = lookup::Lookups::new(Arc::new(fixture::MemorySource::new()), 16)
         .resolve(
-            fixture::NAMESPACE,
+            namespace,
             &info.refs,
             LOOKUP_DEADLINE,
             &Metrics::new(),
@@ -427,7 +462,7 @@ async fn expected_stamp(key: &StampKey) -> String {
         )
         .await
         .expect("the in-memory lookup");
-    match resolved.lookup(key, fixture::NAMESPACE, &info.refs, false) {
+    match resolved.lookup(key, namespace, &info.refs, false) {
         Lookup::Resolved {
             expected,
             required_absent: false,
@@ -449,12 +484,12 @@ struct Env {
     ca: TestCa,
     volume: Mutex<SecretVolume>,
     templates: Arc<Vec<Template>>,
-    expected: String,
+    stamps: Arc<Stamps>,
 }
 
 async fn start(options: &Options) -> Env {
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
-    let expected = expected_stamp(&key).await;
+    let stamps = Stamps::new(&key).await;
 
     let api = ApiServer::start().await;
     let admin = api.client();
@@ -560,8 +595,8 @@ async fn start(options: &Options) -> Env {
         addr,
         ca,
         volume: Mutex::new(volume),
-        templates: Arc::new(templates(&expected)),
-        expected,
+        templates: Arc::new(templates(&stamps.placeholder)),
+        stamps: Arc::new(stamps),
     }
 }
 
@@ -585,6 +620,8 @@ enum Effect {
 /// uid, and what its patch does. `cache` memoizes the patch's effect per review kind.
 fn effect_of(
     template: &Template,
+    stamps: &Stamps,
+    ns: usize,
     uid: &str,
     status: u16,
     body: &[u8],
@@ -608,20 +645,28 @@ fn effect_of(
     if response["allowed"] != true {
         return Err(format!("not allowed: {review}"));
     }
-    let patch = response["patch"].as_str().map(str::to_owned);
-    if patch.is_some() && response["patchType"] != "JSONPatch" {
+    if response["patch"].is_string() && response["patchType"] != "JSONPatch" {
         return Err(format!("patchType {}", response["patchType"]));
     }
+    // The patch as it reads with the namespace's expected stamp written as the templates'
+    // placeholder, so that one cache entry serves every namespace.
+    let patch = match response["patch"].as_str() {
+        Some(p) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(p)
+                .map_err(|e| format!("patch is not base64: {e}"))?;
+            let text = String::from_utf8(bytes).map_err(|e| format!("patch is not UTF-8: {e}"))?;
+            Some(text.replace(stamps.of(ns), &stamps.placeholder))
+        }
+        None => None,
+    };
     if let Some(effect) = cache.get(&(template.kind, patch.clone())) {
         return Ok(effect.clone());
     }
     let mut result = template.object.clone();
     if let Some(p) = &patch {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(p)
-            .map_err(|e| format!("patch is not base64: {e}"))?;
         let ops: json_patch::Patch =
-            serde_json::from_slice(&bytes).map_err(|e| format!("not a JSONPatch: {e}"))?;
+            serde_json::from_str(p).map_err(|e| format!("not a JSONPatch: {e}"))?;
         json_patch::patch(&mut result, &ops).map_err(|e| format!("patch does not apply: {e}"))?;
     }
     let effect = match (
@@ -703,6 +748,7 @@ async fn open_loop(env: &Env, options: &Options, phase: u8, duration: Duration) 
         Arc::new((0..NAMESPACES).map(|_| AtomicU32::new(0)).collect());
     let names: Arc<Vec<String>> = Arc::new((0..NAMESPACES).map(namespace_name).collect());
     let templates = env.templates.clone();
+    let stamps = env.stamps.clone();
     let url = Arc::new(env.url.clone());
     let (tasks, lags, shared_namespace, start, sending) = tokio::task::spawn_blocking(move || {
         let start = Instant::now() + Duration::from_millis(5);
@@ -735,15 +781,16 @@ async fn open_loop(env: &Env, options: &Options, phase: u8, duration: Duration) 
             cursor = namespace + 1;
             in_flight[namespace].fetch_add(1, Ordering::AcqRel);
             let client = clients.lock().expect("clients")[i % CLIENT_SLOTS].clone();
-            let (templates, names, in_flight, url) = (
+            let (templates, stamps, names, in_flight, url) = (
                 templates.clone(),
+                stamps.clone(),
                 names.clone(),
                 in_flight.clone(),
                 url.clone(),
             );
             tasks.push(runtime.spawn(async move {
                 let uid = review_uid(phase, i);
-                let body = templates[kind].body_for(&names[namespace], &uid);
+                let body = templates[kind].body_for(&stamps, namespace, &names[namespace], &uid);
                 let reply = client.post(&url, body).await;
                 let done = Instant::now();
                 in_flight[namespace].fetch_sub(1, Ordering::AcqRel);
@@ -845,11 +892,18 @@ async fn check_one(env: &Env, client: &HttpsClient, phase: u8, i: usize) -> Resu
     let reply = client
         .post(
             &env.url,
-            template.body_for(&namespace_name(CHECK_NAMESPACE), &uid),
+            template.body_for(
+                &env.stamps,
+                CHECK_NAMESPACE,
+                &namespace_name(CHECK_NAMESPACE),
+                &uid,
+            ),
         )
         .await?;
     match effect_of(
         template,
+        &env.stamps,
+        CHECK_NAMESPACE,
         &uid,
         reply.status,
         &reply.body,
@@ -1008,7 +1062,15 @@ fn tally(
         let template = &env.templates[s.kind];
         let effect = match &s.error {
             Some(e) => Err(e.clone()),
-            None => effect_of(template, &s.uid, s.status, &s.body, &mut cache),
+            None => effect_of(
+                template,
+                &env.stamps,
+                s.namespace,
+                &s.uid,
+                s.status,
+                &s.body,
+                &mut cache,
+            ),
         };
         let effect = match effect {
             Ok(effect) => {
@@ -1224,7 +1286,11 @@ async fn run(options: Options) -> Vec<String> {
         setup.elapsed().as_secs_f64(),
         sizes.join(", ")
     );
-    println!("expected stamp: {}", env.expected);
+    println!(
+        "expected stamp in {}: {}",
+        namespace_name(0),
+        env.stamps.of(0)
+    );
 
     let mut failures = Vec::new();
     // The initial certificate, and one review of each kind answered as expected.
@@ -1237,10 +1303,22 @@ async fn run(options: Options) -> Vec<String> {
         for (k, template) in env.templates.iter().enumerate() {
             let uid = review_uid(0xfe, k);
             let reply = client
-                .post(&env.url, template.body_for(&namespace_name(k), &uid))
+                .post(
+                    &env.url,
+                    template.body_for(&env.stamps, k, &namespace_name(k), &uid),
+                )
                 .await;
-            let effect = reply
-                .and_then(|r| effect_of(template, &uid, r.status, &r.body, &mut HashMap::new()));
+            let effect = reply.and_then(|r| {
+                effect_of(
+                    template,
+                    &env.stamps,
+                    k,
+                    &uid,
+                    r.status,
+                    &r.body,
+                    &mut HashMap::new(),
+                )
+            });
             if !matches!(effect, Ok(Effect::Stamped | Effect::Either)) {
                 failures.push(format!(
                     "check before the run, {}: {effect:?}",
