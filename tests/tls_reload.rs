@@ -645,7 +645,10 @@ fn write_refuses_to_overwrite() {
 
     certificates::write(dir.path(), &first).expect("the first write");
     let err = certificates::write(dir.path(), &second).expect_err("a second write");
-    assert!(matches!(err, certificates::CertsError::Exists { .. }), "{err}");
+    assert!(
+        matches!(err, certificates::CertsError::Exists { .. }),
+        "{err}"
+    );
     assert!(err.to_string().contains("ca.crt"), "{err}");
     assert!(err.to_string().contains("already exists"), "{err}");
     let on_disk = std::fs::read_to_string(dir.path().join("tls.key")).expect("tls.key");
