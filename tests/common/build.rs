@@ -5,7 +5,7 @@
 //! - [`namespace`], [`create_namespace`]: a Namespace with labels, and one created through a client.
 //! - [`config_map`], [`secret`]: a named ConfigMap with text data, a Secret with bytes;
 //!   [`Meta`] puts either in a namespace, at a resource version, or annotates it.
-//! - [`put`]: creates an object through a client, or replaces the one of that name.
+//! - [`create`], [`put`]: creates an object through a client; or replaces the one of that name.
 //! - [`deployment`], [`workload`]: a [`Workload`] of any kind as JSON (`web` in `shop` by
 //!   default), with the references its pod template makes.
 //! - [`Review`]: an AdmissionReview body (CREATE, UPDATE or any operation) for an object.
@@ -140,6 +140,21 @@ pub trait Meta: kube::Resource + Sized {
 }
 
 impl<K: kube::Resource> Meta for K {}
+
+/// Creates `object` in `namespace` through `client`.
+pub async fn create<K>(client: &kube::Client, namespace: &str, object: K)
+where
+    K: kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned,
+{
+    Api::<K>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
 
 /// Creates `object` in `namespace` through `client`, or replaces the object of that name.
 pub async fn put<K>(client: &kube::Client, namespace: &str, mut object: K)
