@@ -41,8 +41,10 @@
 //! answer was wrong, an injected failure could not be matched to exactly one review, or a renewed
 //! certificate was not served.
 //!
-//! `CONFIGHASH_BENCH_QUICK=1` (or `-- --quick`) runs 10 s phases with a 1 s reload interval;
-//! `CONFIGHASH_LOAD_BASELINE=0` skips the baseline phases.
+//! `cargo bench --bench load_run`. `CONFIGHASH_BENCH_QUICK=1` (or `-- --quick`) runs 10 s phases
+//! with a 1 s reload interval; `CONFIGHASH_LOAD_BASELINE=0` skips the baseline phases. Without
+//! `--bench` (as `cargo test --benches` runs it) only the fault phase runs, for 2 s at 50
+//! reviews/s, with all its checks; `--list` lists nothing.
 //!
 //! Everything here shares the machine: the figures include the stand-in API server's and the
 //! load generator's work (each review makes 10 GETs through `kube::Client` to the stand-in over
@@ -81,7 +83,10 @@ use serde_json::{Value, json};
 mod fixture;
 #[path = "../tests/common/kubelet_volume.rs"]
 mod kubelet_volume;
+#[path = "common/mode.rs"]
+mod mode;
 use kubelet_volume::SecretVolume;
+use mode::Mode;
 
 /// Opted-in namespaces the load uses, each with its own copy of the 10 referenced objects.
 const NAMESPACES: usize = 256;
@@ -92,6 +97,10 @@ const CLIENT_SLOTS: usize = 4;
 /// Namespace names are `team-000` ... : fixed width, so a review body is patched in place.
 const NS_PLACEHOLDER: &str = "@@ns@@@@";
 const UID_PLACEHOLDER: &str = "@@@@@@@@-@@@@-@@@@-@@@@-@@@@@@@@@@@@";
+/// Where a review carries the expected stamp: recipe v2 binds the namespace, so each namespace
+/// has its own, written in place like the namespace (`v2:<key id>:<64 hex digits>`).
+const STAMP_PLACEHOLDER: &str =
+    "@@:@@@@@@@@:@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@";
 /// How long the webhook's lookups may take (`--lookup-deadline` default).
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
 /// `confighash serve`'s certificate reload interval (`serve::CERT_POLL`).
@@ -153,6 +162,21 @@ impl Options {
             } else {
                 CERT_POLL
             },
+        }
+    }
+}
+
+impl Options {
+    /// Without `--bench`: one short fault phase at a low rate, every check of the full run.
+    fn smoke() -> Self {
+        Options {
+            rate: 50,
+            duration: Duration::from_secs(2),
+            fraction: 0.05,
+            baseline: false,
+            quick: true,
+            warm_up: Duration::from_millis(200),
+            cert_poll: Duration::from_millis(200),
         }
     }
 }
@@ -238,8 +262,10 @@ struct Template {
     kind: ReviewKind,
     body: Vec<u8>,
     ns_offsets: Vec<usize>,
+    stamp_offsets: Vec<usize>,
     uid_offset: usize,
-    /// `request.object`.
+    /// `request.object`. It, and the two below, hold `STAMP_PLACEHOLDER` where the namespace's
+    /// expected stamp goes.
     object: Value,
     /// The object as it must be when every lookup succeeded.
     expect_ok: Value,
@@ -248,10 +274,14 @@ struct Template {
 }
 
 impl Template {
-    fn body_for(&self, namespace: &str, uid: &str) -> Vec<u8> {
+    /// The review for `namespace`, whose expected stamp is `stamp`.
+    fn body_for(&self, namespace: &str, stamp: &str, uid: &str) -> Vec<u8> {
         let mut body = self.body.clone();
         for &at in &self.ns_offsets {
             body[at..at + NS_PLACEHOLDER.len()].copy_from_slice(namespace.as_bytes());
+        }
+        for &at in &self.stamp_offsets {
+            body[at..at + STAMP_PLACEHOLDER.len()].copy_from_slice(stamp.as_bytes());
         }
         body[self.uid_offset..self.uid_offset + UID_PLACEHOLDER.len()]
             .copy_from_slice(uid.as_bytes());
@@ -297,7 +327,14 @@ fn deployment(log_level: &str, stamp: Option<&str>) -> Value {
     obj
 }
 
-fn templates(expected: &str) -> Vec<Template> {
+/// `value` with `stamp` where it holds `STAMP_PLACEHOLDER`.
+fn with_stamp(value: &Value, stamp: &str) -> Value {
+    let text = value.to_string().replace(STAMP_PLACEHOLDER, stamp);
+    serde_json::from_str(&text).expect("JSON")
+}
+
+fn templates() -> Vec<Template> {
+    let expected = STAMP_PLACEHOLDER;
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
     let stale = fixture::stale_stamp();
     let touch = format!("v2:{}:{}", key.id(), "1".repeat(64));
@@ -396,12 +433,14 @@ fn templates(expected: &str) -> Vec<Template> {
                     .collect()
             };
             let ns_offsets = find(NS_PLACEHOLDER);
+            let stamp_offsets = find(STAMP_PLACEHOLDER);
             let uid_offsets = find(UID_PLACEHOLDER);
             assert_eq!(uid_offsets.len(), 1);
             assert!(!ns_offsets.is_empty());
             Template {
                 kind,
                 ns_offsets,
+                stamp_offsets,
                 uid_offset: uid_offsets[0],
                 body,
                 object,
@@ -412,9 +451,9 @@ fn templates(expected: &str) -> Vec<Template> {
         .collect()
 }
 
-/// The expected stamp of the fixture's Deployment over the fixture's objects, computed with the
-/// recipe over an in-memory source (stamps do not depend on the namespace).
-async fn expected_stamp(key: &StampKey) -> String {
+/// The expected stamp of the fixture's Deployment in `namespace` over the fixture's objects,
+/// computed with the recipe over an in-memory source.
+async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
     fixture::check_references();
     let obj = fixture::deployment("info", "");
     let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::Deployment, &obj) else {
@@ -431,7 +470,7 @@ async fn expected_stamp(key: &StampKey) -> String {
         .await
         .expect("the in-memory lookup");
     match resolved
-        .lookup(key, fixture::NAMESPACE, &info.refs, false)
+        .lookup(key, namespace, &info.refs, false)
         .expect("the recipe")
     {
         Lookup::Resolved {
@@ -455,12 +494,17 @@ struct Env {
     ca: TestCa,
     volume: Mutex<SecretVolume>,
     templates: Arc<Vec<Template>>,
-    expected: String,
+    /// The expected stamp in each namespace, by its number.
+    expected: Arc<Vec<String>>,
 }
 
 async fn start(options: &Options) -> Env {
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
-    let expected = expected_stamp(&key).await;
+    let mut expected = Vec::new();
+    for i in 0..=CHECK_NAMESPACE {
+        expected.push(expected_stamp(&key, &namespace_name(i)).await);
+    }
+    assert_eq!(expected[0].len(), STAMP_PLACEHOLDER.len());
 
     let api = ApiServer::start().await;
     let admin = api.client();
@@ -565,8 +609,8 @@ async fn start(options: &Options) -> Env {
         addr,
         ca,
         volume: Mutex::new(volume),
-        templates: Arc::new(templates(&expected)),
-        expected,
+        templates: Arc::new(templates()),
+        expected: Arc::new(expected),
     }
 }
 
@@ -586,14 +630,19 @@ enum Effect {
     Other { template_kept: bool, what: String },
 }
 
-/// Checks a reply to review `uid`: 200, a well-formed allowed AdmissionReview response for that
-/// uid, and what its patch does. `cache` memoizes the patch's effect per review kind.
+/// The effects of patches already checked, by review kind, expected stamp and patch.
+type Effects = HashMap<(ReviewKind, String, Option<String>), Effect>;
+
+/// Checks a reply to review `uid` in a namespace whose expected stamp is `expected`: 200, a
+/// well-formed allowed AdmissionReview response for that uid, and what its patch does. `cache`
+/// memoizes the patch's effect per review kind and expected stamp.
 fn effect_of(
     template: &Template,
+    expected: &str,
     uid: &str,
     status: u16,
     body: &[u8],
-    cache: &mut HashMap<(ReviewKind, Option<String>), Effect>,
+    cache: &mut Effects,
 ) -> Result<Effect, String> {
     if status != 200 {
         return Err(format!(
@@ -617,11 +666,13 @@ fn effect_of(
     if patch.is_some() && response["patchType"] != "JSONPatch" {
         return Err(format!("patchType {}", response["patchType"]));
     }
-    if let Some(effect) = cache.get(&(template.kind, patch.clone())) {
+    let key = (template.kind, expected.to_owned(), patch);
+    if let Some(effect) = cache.get(&key) {
         return Ok(effect.clone());
     }
-    let mut result = template.object.clone();
-    if let Some(p) = &patch {
+    let patch = &key.2;
+    let mut result = with_stamp(&template.object, expected);
+    if let Some(p) = patch {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(p)
             .map_err(|e| format!("patch is not base64: {e}"))?;
@@ -629,16 +680,17 @@ fn effect_of(
             serde_json::from_slice(&bytes).map_err(|e| format!("not a JSONPatch: {e}"))?;
         json_patch::patch(&mut result, &ops).map_err(|e| format!("patch does not apply: {e}"))?;
     }
+    let expect_failed = with_stamp(&template.expect_failed, expected);
     let effect = match (
-        result == template.expect_ok,
-        result == template.expect_failed,
+        result == with_stamp(&template.expect_ok, expected),
+        result == expect_failed,
     ) {
         (true, true) => Effect::Either,
         (true, false) => Effect::Stamped,
         (false, true) => Effect::Kept,
         (false, false) => Effect::Other {
             template_kept: result.pointer("/spec/template")
-                == template.expect_failed.pointer("/spec/template"),
+                == expect_failed.pointer("/spec/template"),
             what: format!(
                 "stamp {:?}, marker {:?}",
                 result
@@ -648,7 +700,7 @@ fn effect_of(
             ),
         },
     };
-    cache.insert((template.kind, patch), effect.clone());
+    cache.insert(key, effect.clone());
     Ok(effect)
 }
 
@@ -708,6 +760,7 @@ async fn open_loop(env: &Env, options: &Options, phase: u8, duration: Duration) 
         Arc::new((0..NAMESPACES).map(|_| AtomicU32::new(0)).collect());
     let names: Arc<Vec<String>> = Arc::new((0..NAMESPACES).map(namespace_name).collect());
     let templates = env.templates.clone();
+    let stamps = env.expected.clone();
     let url = Arc::new(env.url.clone());
     let (tasks, lags, shared_namespace, start, sending) = tokio::task::spawn_blocking(move || {
         let start = Instant::now() + Duration::from_millis(5);
@@ -740,15 +793,16 @@ async fn open_loop(env: &Env, options: &Options, phase: u8, duration: Duration) 
             cursor = namespace + 1;
             in_flight[namespace].fetch_add(1, Ordering::AcqRel);
             let client = clients.lock().expect("clients")[i % CLIENT_SLOTS].clone();
-            let (templates, names, in_flight, url) = (
+            let (templates, names, stamps, in_flight, url) = (
                 templates.clone(),
                 names.clone(),
+                stamps.clone(),
                 in_flight.clone(),
                 url.clone(),
             );
             tasks.push(runtime.spawn(async move {
                 let uid = review_uid(phase, i);
-                let body = templates[kind].body_for(&names[namespace], &uid);
+                let body = templates[kind].body_for(&names[namespace], &stamps[namespace], &uid);
                 let reply = client.post(&url, body).await;
                 let done = Instant::now();
                 in_flight[namespace].fetch_sub(1, Ordering::AcqRel);
@@ -850,11 +904,16 @@ async fn check_one(env: &Env, client: &HttpsClient, phase: u8, i: usize) -> Resu
     let reply = client
         .post(
             &env.url,
-            template.body_for(&namespace_name(CHECK_NAMESPACE), &uid),
+            template.body_for(
+                &namespace_name(CHECK_NAMESPACE),
+                &env.expected[CHECK_NAMESPACE],
+                &uid,
+            ),
         )
         .await?;
     match effect_of(
         template,
+        &env.expected[CHECK_NAMESPACE],
         &uid,
         reply.status,
         &reply.body,
@@ -1013,7 +1072,14 @@ fn tally(
         let template = &env.templates[s.kind];
         let effect = match &s.error {
             Some(e) => Err(e.clone()),
-            None => effect_of(template, &s.uid, s.status, &s.body, &mut cache),
+            None => effect_of(
+                template,
+                &env.expected[s.namespace],
+                &s.uid,
+                s.status,
+                &s.body,
+                &mut cache,
+            ),
         };
         let effect = match effect {
             Ok(effect) => {
@@ -1229,7 +1295,11 @@ async fn run(options: Options) -> Vec<String> {
         setup.elapsed().as_secs_f64(),
         sizes.join(", ")
     );
-    println!("expected stamp: {}", env.expected);
+    println!(
+        "expected stamp in {}: {}",
+        namespace_name(0),
+        env.expected[0]
+    );
 
     let mut failures = Vec::new();
     // The initial certificate, and one review of each kind answered as expected.
@@ -1242,10 +1312,21 @@ async fn run(options: Options) -> Vec<String> {
         for (k, template) in env.templates.iter().enumerate() {
             let uid = review_uid(0xfe, k);
             let reply = client
-                .post(&env.url, template.body_for(&namespace_name(k), &uid))
+                .post(
+                    &env.url,
+                    template.body_for(&namespace_name(k), &env.expected[k], &uid),
+                )
                 .await;
-            let effect = reply
-                .and_then(|r| effect_of(template, &uid, r.status, &r.body, &mut HashMap::new()));
+            let effect = reply.and_then(|r| {
+                effect_of(
+                    template,
+                    &env.expected[k],
+                    &uid,
+                    r.status,
+                    &r.body,
+                    &mut HashMap::new(),
+                )
+            });
             if !matches!(effect, Ok(Effect::Stamped | Effect::Either)) {
                 failures.push(format!(
                     "check before the run, {}: {effect:?}",
@@ -1501,7 +1582,10 @@ async fn run(options: Options) -> Vec<String> {
 }
 
 fn main() {
-    let options = Options::from_env_and_args();
+    let options = match mode::from_args() {
+        Mode::Full => Options::from_env_and_args(),
+        Mode::Smoke => Options::smoke(),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
