@@ -376,7 +376,7 @@ fn smoke_check(scale: &Scale, list: &[Reading], ours: &[Reading], refl: &[Readin
         ("watcher", &ours[0]),
         ("reflector", &refl[0]),
     ] {
-        if !(r.sync_secs > 0.0) || r.rss_kib == 0 || r.hwm_kib < r.rss_kib {
+        if r.sync_secs.is_nan() || r.sync_secs <= 0.0 || r.rss_kib == 0 || r.hwm_kib < r.rss_kib {
             failures.push(format!(
                 "{role}: sync {} s, VmRSS {} KiB, VmHWM {} KiB",
                 r.sync_secs, r.rss_kib, r.hwm_kib

@@ -97,13 +97,14 @@ fn every_example_together_keeps_the_stamp_invariants() {
 #[test]
 fn the_in_memory_source_reaches_every_lookup_outcome() {
     // The seeds rely on these names; a review of each is answered as the rules say.
-    let review = |name: &str| {
-        Review::create(&deployment("web").env_from_config_map(name).json()).bytes()
-    };
+    let review =
+        |name: &str| Review::create(&deployment("web").env_from_config_map(name).json()).bytes();
     let rt = fuzz_checks::runtime();
     let webhook = fuzz_checks::webhook();
     let patch = |name: &str| -> String {
-        let answer = rt.block_on(webhook.answer(&review(name))).expect("a review");
+        let answer = rt
+            .block_on(webhook.answer(&review(name)))
+            .expect("a review");
         patch_of(&answer)
             .map(|bytes| String::from_utf8(bytes).expect("UTF-8"))
             .unwrap_or_default()
