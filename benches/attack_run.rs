@@ -46,6 +46,9 @@
 //! binary only checks its own setup (the stand-in, the reviews, the token's RBAC, the GET count)
 //! in about a second, and starts no serve process.
 
+#[path = "common/mode.rs"]
+mod mode;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -64,6 +67,7 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
 use kube::api::PostParams;
+use mode::Mode;
 use rustls_pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1301,18 +1305,14 @@ async fn smoke() -> Result<(), String> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        return;
-    }
+    let mode = mode::from_args();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
-    let result = if args.iter().any(|a| a == "--bench") {
-        runtime.block_on(run(Options::from_env_and_args()))
-    } else {
-        runtime.block_on(smoke())
+    let result = match mode {
+        Mode::Full => runtime.block_on(run(Options::from_env_and_args())),
+        Mode::Smoke => runtime.block_on(smoke()),
     };
     runtime.shutdown_timeout(Duration::from_secs(2));
     if let Err(e) = result {

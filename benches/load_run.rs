@@ -5,9 +5,8 @@
 //! - the in-memory API server of `tests/apiserver`, with `NAMESPACES` opted-in namespaces that
 //!   each hold the 10 ConfigMaps and Secrets of the webhook benchmarks' Deployment, and the RBAC
 //!   of `deploy/` enforced on confighash's ServiceAccount token;
-//! - confighash's webhook, started by `confighash::app::App` as `confighash serve` starts it
-//!   (without the watcher; TLS from a kubelet-style Secret volume, the key from a file, lookups
-//!   through a `kube::Client` to the stand-in);
+//! - confighash's webhook, started with `serve::start` as `confighash serve` starts it (TLS from
+//!   a kubelet-style Secret volume, `KubeSource` lookups through a `kube::Client` to the stand-in);
 //! - an open-loop load generator: `CONFIGHASH_LOAD_RATE` reviews/s (300) for
 //!   `CONFIGHASH_LOAD_SECS` (60), each send spawned at its scheduled time (never waiting for
 //!   earlier replies), latency from the scheduled time to the end of the reply body. Requests go
@@ -42,8 +41,10 @@
 //! answer was wrong, an injected failure could not be matched to exactly one review, or a renewed
 //! certificate was not served.
 //!
-//! `CONFIGHASH_BENCH_QUICK=1` (or `-- --quick`) runs 10 s phases with a 1 s reload interval;
-//! `CONFIGHASH_LOAD_BASELINE=0` skips the baseline phases.
+//! `cargo bench --bench load_run`. `CONFIGHASH_BENCH_QUICK=1` (or `-- --quick`) runs 10 s phases
+//! with a 1 s reload interval; `CONFIGHASH_LOAD_BASELINE=0` skips the baseline phases. Without
+//! `--bench` (as `cargo test --benches` runs it) only the fault phase runs, for 2 s at 50
+//! reviews/s, with all its checks; `--list` lists nothing.
 //!
 //! Everything here shares the machine: the figures include the stand-in API server's and the
 //! load generator's work (each review makes 10 GETs through `kube::Client` to the stand-in over
@@ -59,13 +60,17 @@ use std::time::{Duration, Instant};
 use apiserver::server::InjectedFault;
 use apiserver::{ApiServer, HttpsClient, TestCa};
 use base64::Engine;
+use confighash::admin::health::Health;
 use confighash::admin::metrics::Metrics;
-use confighash::app::{self, App, Serving};
+use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
 use confighash::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
 use confighash::core::rules::Lookup;
 use confighash::core::workload::{self, Analysis, WorkloadKind};
-use confighash::webhook::lookup::{self, Fetched};
+use confighash::webhook::admission::Webhook;
+use confighash::webhook::lookup::{self, Fetched, KubeSource};
+use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash::webhook::tls::CertStore;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
@@ -78,7 +83,10 @@ use serde_json::{Value, json};
 mod fixture;
 #[path = "../tests/common/kubelet_volume.rs"]
 mod kubelet_volume;
+#[path = "common/mode.rs"]
+mod mode;
 use kubelet_volume::SecretVolume;
+use mode::Mode;
 
 /// Opted-in namespaces the load uses, each with its own copy of the 10 referenced objects.
 const NAMESPACES: usize = 256;
@@ -89,10 +97,14 @@ const CLIENT_SLOTS: usize = 4;
 /// Namespace names are `team-000` ... : fixed width, so a review body is patched in place.
 const NS_PLACEHOLDER: &str = "@@ns@@@@";
 const UID_PLACEHOLDER: &str = "@@@@@@@@-@@@@-@@@@-@@@@-@@@@@@@@@@@@";
+/// Where a review carries the expected stamp: recipe v2 binds the namespace, so each namespace
+/// has its own, written in place like the namespace (`v2:<key id>:<64 hex digits>`).
+const STAMP_PLACEHOLDER: &str =
+    "@@:@@@@@@@@:@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@";
 /// How long the webhook's lookups may take (`--lookup-deadline` default).
 const LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
-/// `confighash serve`'s certificate reload interval.
-const CERT_POLL: Duration = app::CERT_POLL;
+/// `confighash serve`'s certificate reload interval (`serve::CERT_POLL`).
+const CERT_POLL: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------------
 // Options
@@ -150,6 +162,21 @@ impl Options {
             } else {
                 CERT_POLL
             },
+        }
+    }
+}
+
+impl Options {
+    /// Without `--bench`: one short fault phase at a low rate, every check of the full run.
+    fn smoke() -> Self {
+        Options {
+            rate: 50,
+            duration: Duration::from_secs(2),
+            fraction: 0.05,
+            baseline: false,
+            quick: true,
+            warm_up: Duration::from_millis(200),
+            cert_poll: Duration::from_millis(200),
         }
     }
 }
@@ -237,7 +264,8 @@ struct Template {
     ns_offsets: Vec<usize>,
     stamp_offsets: Vec<usize>,
     uid_offset: usize,
-    /// `request.object`.
+    /// `request.object`. It, and the two below, hold `STAMP_PLACEHOLDER` where the namespace's
+    /// expected stamp goes.
     object: Value,
     /// The object as it must be when every lookup succeeded.
     expect_ok: Value,
@@ -246,15 +274,14 @@ struct Template {
 }
 
 impl Template {
-    /// The body for `namespace` (index `ns` of `stamps`) and review `uid`.
-    fn body_for(&self, stamps: &Stamps, ns: usize, namespace: &str, uid: &str) -> Vec<u8> {
+    /// The review for `namespace`, whose expected stamp is `stamp`.
+    fn body_for(&self, namespace: &str, stamp: &str, uid: &str) -> Vec<u8> {
         let mut body = self.body.clone();
         for &at in &self.ns_offsets {
             body[at..at + NS_PLACEHOLDER.len()].copy_from_slice(namespace.as_bytes());
         }
-        let stamp = stamps.of(ns);
         for &at in &self.stamp_offsets {
-            body[at..at + stamp.len()].copy_from_slice(stamp.as_bytes());
+            body[at..at + STAMP_PLACEHOLDER.len()].copy_from_slice(stamp.as_bytes());
         }
         body[self.uid_offset..self.uid_offset + UID_PLACEHOLDER.len()]
             .copy_from_slice(uid.as_bytes());
@@ -300,34 +327,14 @@ fn deployment(log_level: &str, stamp: Option<&str>) -> Value {
     obj
 }
 
-/// The expected stamp of the fixture's Deployment in each namespace (by index, the check
-/// namespace last), and the placeholder of the same length the templates carry instead.
-struct Stamps {
-    placeholder: String,
-    by_namespace: Vec<String>,
+/// `value` with `stamp` where it holds `STAMP_PLACEHOLDER`.
+fn with_stamp(value: &Value, stamp: &str) -> Value {
+    let text = value.to_string().replace(STAMP_PLACEHOLDER, stamp);
+    serde_json::from_str(&text).expect("JSON")
 }
 
-impl Stamps {
-    async fn new(key: &StampKey) -> Stamps {
-        let mut by_namespace = Vec::with_capacity(CHECK_NAMESPACE + 1);
-        for i in 0..=CHECK_NAMESPACE {
-            by_namespace.push(expected_stamp(key, &namespace_name(i)).await);
-        }
-        let placeholder = format!("v2:{}:{}", key.id(), "e".repeat(64));
-        assert!(by_namespace.iter().all(|s| s.len() == placeholder.len()));
-        Stamps {
-            placeholder,
-            by_namespace,
-        }
-    }
-
-    fn of(&self, ns: usize) -> &str {
-        &self.by_namespace[ns]
-    }
-}
-
-/// The review templates; `expected` stands for the expected stamp of the review's namespace.
-fn templates(expected: &str) -> Vec<Template> {
+fn templates() -> Vec<Template> {
+    let expected = STAMP_PLACEHOLDER;
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
     let stale = fixture::stale_stamp();
     let touch = format!("v2:{}:{}", key.id(), "1".repeat(64));
@@ -426,7 +433,7 @@ fn templates(expected: &str) -> Vec<Template> {
                     .collect()
             };
             let ns_offsets = find(NS_PLACEHOLDER);
-            let stamp_offsets = find(expected);
+            let stamp_offsets = find(STAMP_PLACEHOLDER);
             let uid_offsets = find(UID_PLACEHOLDER);
             assert_eq!(uid_offsets.len(), 1);
             assert!(!ns_offsets.is_empty());
@@ -445,7 +452,7 @@ fn templates(expected: &str) -> Vec<Template> {
 }
 
 /// The expected stamp of the fixture's Deployment in `namespace` over the fixture's objects,
-/// computed with the recipe over an in-memory source (the namespace enters every stamp).
+/// computed with the recipe over an in-memory source.
 async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
     fixture::check_references();
     let obj = fixture::deployment("info", "");
@@ -454,7 +461,7 @@ async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
     };
     let resolved = lookup::Lookups::new(Arc::new(fixture::MemorySource::new()), 16)
         .resolve(
-            namespace,
+            fixture::NAMESPACE,
             &info.refs,
             LOOKUP_DEADLINE,
             &Metrics::new(),
@@ -477,19 +484,24 @@ async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
 
 struct Env {
     api: ApiServer,
-    serving: Serving,
+    running: Running,
     metrics: Arc<Metrics>,
     url: String,
     addr: SocketAddr,
     ca: TestCa,
     volume: Mutex<SecretVolume>,
     templates: Arc<Vec<Template>>,
-    stamps: Arc<Stamps>,
+    /// The expected stamp in each namespace, by its number.
+    expected: Arc<Vec<String>>,
 }
 
 async fn start(options: &Options) -> Env {
     let key = StampKey::new(fixture::KEY.to_vec()).expect("a long enough key");
-    let stamps = Stamps::new(&key).await;
+    let mut expected = Vec::new();
+    for i in 0..=CHECK_NAMESPACE {
+        expected.push(expected_stamp(&key, &namespace_name(i)).await);
+    }
+    assert_eq!(expected[0].len(), STAMP_PLACEHOLDER.len());
 
     let api = ApiServer::start().await;
     let admin = api.client();
@@ -557,46 +569,45 @@ async fn start(options: &Options) -> Env {
         result.as_ref().expect("create a referenced object");
     }
 
-    // The webhook, as `confighash serve` starts it (without the watcher: no workloads here).
+    // The webhook, as `confighash serve` starts it.
     let ca = TestCa::new("load_run CA");
     let volume = {
         let pair = ca.issue(SERVING_NAMES);
         SecretVolume::new(&pair.cert_pem, &pair.key_pem)
     };
-    let key_dir = tempfile::tempdir().expect("a temporary directory");
-    let key_file = key_dir.path().join("key");
-    std::fs::write(&key_file, fixture::KEY).expect("write the key file");
-    let config = app::Config {
+    let metrics = Arc::new(Metrics::new());
+    let webhook = Arc::new(
+        Webhook::new(
+            Arc::new(KubeSource::new(confighash)),
+            Arc::new(KeyStore::new(key)),
+            metrics.clone(),
+        )
+        .with_lookup_deadline(LOOKUP_DEADLINE),
+    );
+    let running = serve::start(ServeConfig {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
-        key: app::KeySource::File(key_file),
-        certs: app::CertSource {
-            cert: volume.cert(),
-            key: volume.key(),
-            self_signed: None,
-        },
-        lookup_deadline: LOOKUP_DEADLINE,
+        certs: CertStore::load(volume.cert(), volume.key()).expect("the serving pair"),
+        client_ca: None,
+        webhook,
+        health: Arc::new(Health::default()),
         cert_poll: options.cert_poll,
-        ..app::Config::default()
-    };
-    let serving = App::from_config(config, confighash)
-        .await
-        .expect("confighash starts")
-        .start_without_watcher()
-        .await
-        .expect("the webhook starts");
-    let metrics = serving.metrics().clone();
-    let addr = serving.webhook_addr();
+        header_read_timeout: Duration::from_secs(10),
+        drain_timeout: Duration::from_secs(20),
+    })
+    .await
+    .expect("the webhook starts");
+    let addr = running.webhook_addr;
     Env {
         api,
-        serving,
+        running,
         metrics,
         url: format!("https://127.0.0.1:{}/mutate", addr.port()),
         addr,
         ca,
         volume: Mutex::new(volume),
-        templates: Arc::new(templates(&stamps.placeholder)),
-        stamps: Arc::new(stamps),
+        templates: Arc::new(templates()),
+        expected: Arc::new(expected),
     }
 }
 
@@ -616,16 +627,19 @@ enum Effect {
     Other { template_kept: bool, what: String },
 }
 
-/// Checks a reply to review `uid`: 200, a well-formed allowed AdmissionReview response for that
-/// uid, and what its patch does. `cache` memoizes the patch's effect per review kind.
+/// The effects of patches already checked, by review kind, expected stamp and patch.
+type Effects = HashMap<(ReviewKind, String, Option<String>), Effect>;
+
+/// Checks a reply to review `uid` in a namespace whose expected stamp is `expected`: 200, a
+/// well-formed allowed AdmissionReview response for that uid, and what its patch does. `cache`
+/// memoizes the patch's effect per review kind and expected stamp.
 fn effect_of(
     template: &Template,
-    stamps: &Stamps,
-    ns: usize,
+    expected: &str,
     uid: &str,
     status: u16,
     body: &[u8],
-    cache: &mut HashMap<(ReviewKind, Option<String>), Effect>,
+    cache: &mut Effects,
 ) -> Result<Effect, String> {
     if status != 200 {
         return Err(format!(
@@ -645,40 +659,35 @@ fn effect_of(
     if response["allowed"] != true {
         return Err(format!("not allowed: {review}"));
     }
-    if response["patch"].is_string() && response["patchType"] != "JSONPatch" {
+    let patch = response["patch"].as_str().map(str::to_owned);
+    if patch.is_some() && response["patchType"] != "JSONPatch" {
         return Err(format!("patchType {}", response["patchType"]));
     }
-    // The patch as it reads with the namespace's expected stamp written as the templates'
-    // placeholder, so that one cache entry serves every namespace.
-    let patch = match response["patch"].as_str() {
-        Some(p) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(p)
-                .map_err(|e| format!("patch is not base64: {e}"))?;
-            let text = String::from_utf8(bytes).map_err(|e| format!("patch is not UTF-8: {e}"))?;
-            Some(text.replace(stamps.of(ns), &stamps.placeholder))
-        }
-        None => None,
-    };
-    if let Some(effect) = cache.get(&(template.kind, patch.clone())) {
+    let key = (template.kind, expected.to_owned(), patch);
+    if let Some(effect) = cache.get(&key) {
         return Ok(effect.clone());
     }
-    let mut result = template.object.clone();
-    if let Some(p) = &patch {
+    let patch = &key.2;
+    let mut result = with_stamp(&template.object, expected);
+    if let Some(p) = patch {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(p)
+            .map_err(|e| format!("patch is not base64: {e}"))?;
         let ops: json_patch::Patch =
-            serde_json::from_str(p).map_err(|e| format!("not a JSONPatch: {e}"))?;
+            serde_json::from_slice(&bytes).map_err(|e| format!("not a JSONPatch: {e}"))?;
         json_patch::patch(&mut result, &ops).map_err(|e| format!("patch does not apply: {e}"))?;
     }
+    let expect_failed = with_stamp(&template.expect_failed, expected);
     let effect = match (
-        result == template.expect_ok,
-        result == template.expect_failed,
+        result == with_stamp(&template.expect_ok, expected),
+        result == expect_failed,
     ) {
         (true, true) => Effect::Either,
         (true, false) => Effect::Stamped,
         (false, true) => Effect::Kept,
         (false, false) => Effect::Other {
             template_kept: result.pointer("/spec/template")
-                == template.expect_failed.pointer("/spec/template"),
+                == expect_failed.pointer("/spec/template"),
             what: format!(
                 "stamp {:?}, marker {:?}",
                 result
@@ -688,7 +697,7 @@ fn effect_of(
             ),
         },
     };
-    cache.insert((template.kind, patch), effect.clone());
+    cache.insert(key, effect.clone());
     Ok(effect)
 }
 
@@ -748,7 +757,7 @@ async fn open_loop(env: &Env, options: &Options, phase: u8, duration: Duration) 
         Arc::new((0..NAMESPACES).map(|_| AtomicU32::new(0)).collect());
     let names: Arc<Vec<String>> = Arc::new((0..NAMESPACES).map(namespace_name).collect());
     let templates = env.templates.clone();
-    let stamps = env.stamps.clone();
+    let stamps = env.expected.clone();
     let url = Arc::new(env.url.clone());
     let (tasks, lags, shared_namespace, start, sending) = tokio::task::spawn_blocking(move || {
         let start = Instant::now() + Duration::from_millis(5);
@@ -781,16 +790,16 @@ async fn open_loop(env: &Env, options: &Options, phase: u8, duration: Duration) 
             cursor = namespace + 1;
             in_flight[namespace].fetch_add(1, Ordering::AcqRel);
             let client = clients.lock().expect("clients")[i % CLIENT_SLOTS].clone();
-            let (templates, stamps, names, in_flight, url) = (
+            let (templates, names, stamps, in_flight, url) = (
                 templates.clone(),
-                stamps.clone(),
                 names.clone(),
+                stamps.clone(),
                 in_flight.clone(),
                 url.clone(),
             );
             tasks.push(runtime.spawn(async move {
                 let uid = review_uid(phase, i);
-                let body = templates[kind].body_for(&stamps, namespace, &names[namespace], &uid);
+                let body = templates[kind].body_for(&names[namespace], &stamps[namespace], &uid);
                 let reply = client.post(&url, body).await;
                 let done = Instant::now();
                 in_flight[namespace].fetch_sub(1, Ordering::AcqRel);
@@ -893,17 +902,15 @@ async fn check_one(env: &Env, client: &HttpsClient, phase: u8, i: usize) -> Resu
         .post(
             &env.url,
             template.body_for(
-                &env.stamps,
-                CHECK_NAMESPACE,
                 &namespace_name(CHECK_NAMESPACE),
+                &env.expected[CHECK_NAMESPACE],
                 &uid,
             ),
         )
         .await?;
     match effect_of(
         template,
-        &env.stamps,
-        CHECK_NAMESPACE,
+        &env.expected[CHECK_NAMESPACE],
         &uid,
         reply.status,
         &reply.body,
@@ -1064,8 +1071,7 @@ fn tally(
             Some(e) => Err(e.clone()),
             None => effect_of(
                 template,
-                &env.stamps,
-                s.namespace,
+                &env.expected[s.namespace],
                 &s.uid,
                 s.status,
                 &s.body,
@@ -1289,7 +1295,7 @@ async fn run(options: Options) -> Vec<String> {
     println!(
         "expected stamp in {}: {}",
         namespace_name(0),
-        env.stamps.of(0)
+        env.expected[0]
     );
 
     let mut failures = Vec::new();
@@ -1305,14 +1311,13 @@ async fn run(options: Options) -> Vec<String> {
             let reply = client
                 .post(
                     &env.url,
-                    template.body_for(&env.stamps, k, &namespace_name(k), &uid),
+                    template.body_for(&namespace_name(k), &env.expected[k], &uid),
                 )
                 .await;
             let effect = reply.and_then(|r| {
                 effect_of(
                     template,
-                    &env.stamps,
-                    k,
+                    &env.expected[k],
                     &uid,
                     r.status,
                     &r.body,
@@ -1359,7 +1364,7 @@ async fn run(options: Options) -> Vec<String> {
         .find(|l| l.starts_with("confighash_certificate_reloads_total"))
         .map(str::to_owned)
         .unwrap_or_default();
-    env.serving.shutdown().await;
+    env.running.shutdown().await;
 
     // Report.
     println!();
@@ -1574,7 +1579,10 @@ async fn run(options: Options) -> Vec<String> {
 }
 
 fn main() {
-    let options = Options::from_env_and_args();
+    let options = match mode::from_args() {
+        Mode::Full => Options::from_env_and_args(),
+        Mode::Smoke => Options::smoke(),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

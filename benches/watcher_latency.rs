@@ -19,6 +19,10 @@
 //!
 //! Environment: `CONFIGHASH_BENCH_SCALE` (fraction of the counts, default 1;
 //! `CONFIGHASH_BENCH_QUICK=1` means 0.1), `CONFIGHASH_BENCH_PACE_MS` (default 20).
+//!
+//! `cargo bench --bench watcher_latency`. Without `--bench` (as `cargo test --benches` runs it):
+//! scale 0.01 (20 Deployments, 5 changes), and every change must have touched its dependent
+//! and been seen on both watches; `--list` lists nothing.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -37,6 +41,10 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
+#[path = "common/mode.rs"]
+mod mode;
+use mode::Mode;
+
 const KEY: &[u8] = b"bench-key-0123456789abcdef-0123456789";
 const STAMP: &str = "confighash.dev/checksum";
 const WORKLOADS: usize = 2_000;
@@ -52,12 +60,17 @@ const DEADLINE: Duration = Duration::from_secs(120);
 type Arrivals = Arc<Mutex<HashMap<String, Instant>>>;
 
 fn main() {
+    let mode = mode::from_args();
     let quick = std::env::var("CONFIGHASH_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
-    let fraction = std::env::var("CONFIGHASH_BENCH_SCALE")
-        .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-        .filter(|f| *f > 0.0 && *f <= 1.0)
-        .unwrap_or(if quick { 0.1 } else { 1.0 });
+    let fraction = match mode {
+        // Without `--bench`: 20 Deployments, 5 changes.
+        Mode::Smoke => 0.01,
+        Mode::Full => std::env::var("CONFIGHASH_BENCH_SCALE")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|f| *f > 0.0 && *f <= 1.0)
+            .unwrap_or(if quick { 0.1 } else { 1.0 }),
+    };
     let pace = Duration::from_millis(
         std::env::var("CONFIGHASH_BENCH_PACE_MS")
             .ok()
@@ -70,7 +83,7 @@ fn main() {
     // One TLS implementation for the webhook and the client, as `confighash serve` installs it.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
-    rt.block_on(run(fraction, workloads, changes, pace));
+    rt.block_on(run(fraction, workloads, changes, pace, mode));
 }
 
 fn namespace_of(i: usize) -> String {
@@ -81,7 +94,7 @@ fn key_of(i: usize, prefix: &str) -> String {
     format!("{}/{prefix}-{i}", namespace_of(i))
 }
 
-async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
+async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration, mode: Mode) {
     println!(
         "watcher_latency: scale {fraction} ({workloads} Deployments, each with its own ConfigMap; \
          {changes} changes, one every {} ms)",
@@ -303,6 +316,25 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration) {
             p.missing_deploy,
             p.early
         );
+    }
+    if mode == Mode::Smoke {
+        for (name, p) in [("A", &phase_a), ("B", &phase_b)] {
+            assert!(
+                p.changes == changes
+                    && p.touched == changes as u64
+                    && p.missing_cm == 0
+                    && p.missing_deploy == 0
+                    && p.end_to_end.len() == changes,
+                "phase {name}: {} changes, touched {}, missing ConfigMap events {}, missing \
+                 stamp events {}, {} end-to-end latencies",
+                p.changes,
+                p.touched,
+                p.missing_cm,
+                p.missing_deploy,
+                p.end_to_end.len()
+            );
+        }
+        println!("watcher_latency: smoke run held, every change touched its dependent once");
     }
     println!();
     println!("| Measure | n | p50 | p90 | p99 | max |");

@@ -22,6 +22,11 @@
 //!   developing, e.g. 0.05). `CONFIGHASH_BENCH_QUICK=1` means 0.05. Recorded figures are at 1.
 //! - `CONFIGHASH_BENCH_ROUNDS`: rounds of (list, watcher, reflector) (default 3).
 //! - `CONFIGHASH_BENCH_STEADY_SECS`: steady-state wait after sync (default 5).
+//!
+//! `cargo bench --bench watcher_memory`. Without `--bench` (as `cargo test --benches` runs it):
+//! one object of each kind per namespace, one round, 1 s of steady state, and the readings
+//! checked for sense (every child synced, saw every object, reported its memory); `--list` lists
+//! nothing.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -42,6 +47,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector};
 use serde_json::{Value, json};
+
+#[path = "common/mode.rs"]
+mod mode;
+use mode::Mode;
 
 const ROLE_ENV: &str = "CONFIGHASH_BENCH_ROLE";
 const URL_ENV: &str = "CONFIGHASH_BENCH_URL";
@@ -78,7 +87,7 @@ fn main() {
         Ok("list") => child_list(),
         Ok("index") => child_index(),
         Ok(other) => panic!("unknown {ROLE_ENV} {other:?}"),
-        Err(_) => parent(),
+        Err(_) => parent(mode::from_args()),
     }
 }
 
@@ -101,6 +110,10 @@ impl Scale {
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|f| *f > 0.0 && *f <= 1.0)
             .unwrap_or(if quick { 0.05 } else { 1.0 });
+        Scale::from_fraction(fraction)
+    }
+
+    fn from_fraction(fraction: f64) -> Scale {
         let per_ns =
             |total: usize| ((total as f64 * fraction / NAMESPACES as f64).round() as usize).max(1);
         Scale {
@@ -109,6 +122,11 @@ impl Scale {
             cms_per_ns: per_ns(CONFIG_MAPS),
             deploys_per_ns: per_ns(DEPLOYMENTS),
         }
+    }
+
+    /// Without `--bench`: one object of each kind per namespace.
+    fn smoke() -> Scale {
+        Scale::from_fraction(0.0001)
     }
 
     fn secrets(&self) -> usize {
@@ -257,10 +275,15 @@ struct Reading {
     detail: Value,
 }
 
-fn parent() {
-    let scale = Scale::from_env();
-    let rounds = env_u64("CONFIGHASH_BENCH_ROUNDS", 3).clamp(1, 10);
-    let steady = env_u64("CONFIGHASH_BENCH_STEADY_SECS", 5).clamp(1, 60);
+fn parent(mode: Mode) {
+    let (scale, rounds, steady) = match mode {
+        Mode::Full => (
+            Scale::from_env(),
+            env_u64("CONFIGHASH_BENCH_ROUNDS", 3).clamp(1, 10),
+            env_u64("CONFIGHASH_BENCH_STEADY_SECS", 5).clamp(1, 60),
+        ),
+        Mode::Smoke => (Scale::smoke(), 1, 1),
+    };
     println!(
         "watcher_memory: scale {} ({} Secrets x 64 KiB, {} ConfigMaps x 16 KiB, {} Deployments, \
          {NAMESPACES} namespaces, half opted in), {rounds} rounds, {steady} s steady state",
@@ -311,7 +334,7 @@ fn parent() {
             ("watcher", &mut ours),
             ("reflector", &mut refl),
         ] {
-            let r = run_child(&exe, role, &url, steady);
+            let r = run_child(&exe, role, &url, &scale, steady);
             println!(
                 "round {round} {role:<9}: sync {:>7.3} s  VmRSS {:>8.1} MiB  VmHWM {:>8.1} MiB  {}",
                 r.sync_secs,
@@ -331,13 +354,59 @@ fn parent() {
     wait_or_kill(&mut server, Duration::from_secs(10));
 
     report(&scale, steady, &list, &ours, &refl);
+    if mode == Mode::Smoke {
+        smoke_check(&scale, &list, &ours, &refl);
+    }
 
     // Diagnosis: the heap of the watcher's own index for these objects, built without a client.
-    let index = run_child(&exe, "index", &url, steady);
+    let index = run_child(&exe, "index", &url, &scale, steady);
     println!();
     println!(
         "diagnosis, heap of confighash's ConfigStore + WorkloadIndex for these objects: {}",
         index.detail
+    );
+}
+
+/// Without `--bench`: every child synced and reported its memory, the list and the reflectors
+/// saw every object loaded, and the watcher watched some.
+fn smoke_check(scale: &Scale, list: &[Reading], ours: &[Reading], refl: &[Reading]) {
+    let mut failures = Vec::new();
+    for (role, r) in [
+        ("list", &list[0]),
+        ("watcher", &ours[0]),
+        ("reflector", &refl[0]),
+    ] {
+        if r.sync_secs.is_nan() || r.sync_secs <= 0.0 || r.rss_kib == 0 || r.hwm_kib < r.rss_kib {
+            failures.push(format!(
+                "{role}: sync {} s, VmRSS {} KiB, VmHWM {} KiB",
+                r.sync_secs, r.rss_kib, r.hwm_kib
+            ));
+        }
+    }
+    let loaded = json!({
+        "Secret": scale.secrets(),
+        "ConfigMap": scale.cms(),
+        "Deployment": scale.deploys(),
+    });
+    if list[0].detail["listed"] != loaded || refl[0].detail["stored"] != loaded {
+        failures.push(format!(
+            "loaded {loaded}, listed {}, stored by the reflectors {}",
+            list[0].detail["listed"], refl[0].detail["stored"]
+        ));
+    }
+    let watched = ours[0].detail["watched"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    if watched.is_empty() || watched.values().all(|n| n.as_u64() == Some(0)) {
+        failures.push(format!("the watcher watched {watched:?}"));
+    }
+    if !failures.is_empty() {
+        eprintln!("watcher_memory FAILED: {}", failures.join("; "));
+        std::process::exit(1);
+    }
+    println!(
+        "watcher_memory: smoke run held (run `cargo bench --bench watcher_memory` for the figures)"
     );
 }
 
@@ -467,10 +536,11 @@ fn report(scale: &Scale, steady: u64, list: &[Reading], ours: &[Reading], refl: 
     );
 }
 
-fn run_child(exe: &std::path::Path, role: &str, url: &str, steady: u64) -> Reading {
+fn run_child(exe: &std::path::Path, role: &str, url: &str, scale: &Scale, steady: u64) -> Reading {
     let mut child = Command::new(exe)
         .env(ROLE_ENV, role)
         .env(URL_ENV, url)
+        .env("CONFIGHASH_BENCH_SCALE", scale.fraction.to_string())
         .env("CONFIGHASH_BENCH_STEADY_SECS", steady.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

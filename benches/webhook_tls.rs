@@ -16,7 +16,9 @@
 //!
 //! `cargo bench --bench webhook_tls -- --quick` (or `CONFIGHASH_BENCH_QUICK=1`) shortens every
 //! phase for a smoke run. `-- --tcp-nodelay-check` runs only a diagnostic of what Nagle's
-//! algorithm costs here (see [`nodelay_check`]).
+//! algorithm costs here (see [`nodelay_check`]). Without `--bench` (as `cargo test --benches`
+//! runs it) every phase runs for a fraction of a second and a failed exchange fails the run;
+//! `--list` lists nothing.
 //!
 //! The fixture (Deployment, review body, the 10 referenced objects, the in-memory source) is the
 //! one in `benches/webhook.rs`; keep the two copies the same.
@@ -60,6 +62,9 @@ const P99_TARGET: Duration = Duration::from_millis(5);
 
 #[path = "common/fixture.rs"]
 mod fixture;
+#[path = "common/mode.rs"]
+mod mode;
+use mode::Mode;
 
 /// How long each phase runs, and what to run.
 struct Options {
@@ -72,6 +77,17 @@ struct Options {
 }
 
 impl Options {
+    /// Without `--bench`: every phase, each a fraction of a second.
+    fn smoke() -> Self {
+        Options {
+            warm_up: Duration::from_millis(100),
+            closed: Duration::from_millis(300),
+            open: Duration::from_millis(500),
+            quick: true,
+            nodelay_check: false,
+        }
+    }
+
     fn from_env_and_args() -> Self {
         let quick = std::env::args().any(|a| a == "--quick")
             || std::env::var("CONFIGHASH_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
@@ -433,7 +449,8 @@ async fn nodelay_check(
     task.abort();
 }
 
-async fn run(options: Options) {
+/// Runs the phases and prints the report; the number of failed exchanges.
+async fn run(options: Options) -> u64 {
     fixture::check_references();
     let review = fixture::review(&fixture::stale_stamp());
     let ReviewFixture { body, object_len } = review;
@@ -501,7 +518,7 @@ async fn run(options: Options) {
         drop(ours);
         running.shutdown().await;
         baseline_task.abort();
-        return;
+        return 0;
     }
 
     println!(
@@ -646,16 +663,25 @@ async fn run(options: Options) {
     if closed_errors > 0 || open_errors > 0 {
         println!("FAILED EXCHANGES: {}", closed_errors + open_errors as u64);
     }
+    closed_errors + open_errors as u64
 }
 
 fn main() {
-    let options = Options::from_env_and_args();
+    let mode = mode::from_args();
+    let options = match mode {
+        Mode::Full => Options::from_env_and_args(),
+        Mode::Smoke => Options::smoke(),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("a tokio runtime");
     let started = Instant::now();
-    runtime.block_on(run(options));
+    let failed = runtime.block_on(run(options));
     runtime.shutdown_timeout(Duration::from_secs(2));
     println!("total {:.1} s", started.elapsed().as_secs_f64());
+    if mode == Mode::Smoke && failed > 0 {
+        eprintln!("webhook_tls FAILED: {failed} failed exchanges");
+        std::process::exit(1);
+    }
 }

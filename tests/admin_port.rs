@@ -6,17 +6,16 @@
 
 #[path = "common/ports.rs"]
 mod ports;
+#[path = "common/process.rs"]
+mod process;
 
-use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::path::Path;
 use std::time::Duration;
 
-use apiserver::{ApiServer, TestCa};
+use apiserver::ApiServer;
 use confighash::webhook::server::{AdminLimits, Limits};
 use ports::{DEADLINE, Http, closed_within, open_silent, probe, read_to_close};
-use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -183,43 +182,6 @@ async fn at_the_cap_the_oldest_connection_makes_room_and_probes_are_answered() {
 // ---------------------------------------------------------------------------------------------
 // The binary under a small open-file limit
 
-/// Lines `confighash serve` writes to standard error (JSON logs), as they come.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<Value>>>);
-
-impl Logs {
-    fn find(&self, message: &str) -> Option<Value> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|l| l["fields"]["message"].as_str() == Some(message))
-            .cloned()
-    }
-
-    async fn wait_for(&self, message: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(line) = self.find(message) {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no log line {message:?} in {:#?}",
-                self.0.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
-/// Open file descriptors of process `pid`.
-fn open_files(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
-}
-
 /// `confighash serve` started with a soft open-file limit of 256 and a hard one of 512 (as a
 /// container runtime might set them) raises the soft limit to 512, lowers `--max-connections`
 /// from its default 1024 to fit (512 - 64 admin - 1 - 256 reserved - 1 = 190), and when 1,000
@@ -229,75 +191,8 @@ fn open_files(pid: u32) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_accepts_while_the_admin_port_is_flooded() {
     let api = ApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new("admin_port test CA");
-    let pair = ca.issue(&["localhost", "127.0.0.1"]);
-    let path = |name: &str| dir.path().join(name);
-    std::fs::write(path("tls.crt"), &pair.cert_pem).unwrap();
-    std::fs::write(path("tls.key"), &pair.key_pem).unwrap();
-    std::fs::write(path("hmac.key"), b"admin_port.rs: 32 bytes of key!!").unwrap();
-    std::fs::write(
-        path("kubeconfig"),
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {}\n\
-             users:\n- name: admin\n  user: {{}}\ncontexts:\n- name: standin\n  context:\n    \
-             cluster: standin\n    user: admin\n    namespace: confighash\n\
-             current-context: standin\n",
-            api.url()
-        ),
-    )
-    .unwrap();
-
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_confighash"));
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-listen",
-            "127.0.0.1:0",
-        ])
-        .arg("--tls-cert")
-        .arg(path("tls.crt"))
-        .arg("--tls-key")
-        .arg(path("tls.key"))
-        .arg("--key-file")
-        .arg(path("hmac.key"))
-        .args(["--leader-elect", "false", "--log-format", "json"])
-        .env("KUBECONFIG", path("kubeconfig"))
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    // SAFETY: setrlimit is async-signal-safe, and the closure touches nothing else.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: 256,
-                rlim_max: 512,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().expect("confighash serve");
-    let pid = child.id().unwrap();
-    let logs = Logs::default();
-    let stderr = child.stderr.take().unwrap().into_owned_fd().unwrap();
-    let reader = {
-        let logs = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(std::fs::File::from(stderr)).lines() {
-                let Ok(line) = line else { break };
-                let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-                logs.0.lock().unwrap().push(value);
-            }
-        })
-    };
-
+    let serve = process::start(Path::new(env!("CARGO_BIN_EXE_confighash")), &api, 256, 512).await;
+    let logs = serve.logs.clone();
     let raised = logs
         .wait_for("raised the open-file limit to the hard limit")
         .await;
@@ -308,28 +203,20 @@ async fn the_webhook_accepts_while_the_admin_port_is_flooded() {
         .await;
     assert_eq!(lowered["fields"]["requested"], 1024, "{lowered}");
     assert_eq!(lowered["fields"]["max_connections"], 190, "{lowered}");
-    let serving = logs.wait_for("serving").await;
-    let addr = |field: &str| -> SocketAddr {
-        serving["fields"][field]
-            .as_str()
-            .unwrap_or_else(|| panic!("{serving}"))
-            .parse()
-            .unwrap()
-    };
-    let (webhook, admin) = (addr("webhook"), addr("admin"));
+    let (webhook, admin) = (serve.webhook, serve.admin);
 
     // The flood: half idle, half stopped inside a request head; far more than the 512 files
     // the process may have.
     let mut flood = open_silent(admin, 500, b"").await;
     flood.extend(open_silent(admin, 500, b"GET /livez HTTP/1.1\r\nHost: x\r\n").await);
-    let files_under_flood = open_files(pid);
+    let files_under_flood = serve.open_files();
     assert!(
         files_under_flood < 512,
         "the process holds {files_under_flood} files"
     );
 
     // The webhook still accepts, handshakes and answers.
-    let config = ports::client_config(&ca.pem, &[b"h2"], None);
+    let config = ports::client_config(&serve.ca_pem, &[b"h2"], None);
     let started = Instant::now();
     let tls = ports::tls(webhook, config).await.expect("a TLS handshake");
     let mut http = Http::over(tls, true).await;
@@ -357,16 +244,11 @@ async fn the_webhook_accepts_while_the_admin_port_is_flooded() {
     );
     drop(flood);
 
-    child.start_kill().unwrap();
-    let _ = child.wait().await;
-    let _ = reader.join();
+    let logs = serve.stop().await;
     let warnings: Vec<_> = logs
-        .0
-        .lock()
-        .unwrap()
-        .iter()
+        .lines()
+        .into_iter()
         .filter(|l| l["fields"]["message"] == "accept failed")
-        .cloned()
         .collect();
     assert!(warnings.is_empty(), "{warnings:#?}");
 }

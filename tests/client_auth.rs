@@ -7,6 +7,8 @@
 
 #[path = "common/ports.rs"]
 mod ports;
+#[path = "common/wait.rs"]
+mod wait;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -185,11 +187,12 @@ async fn a_client_waits_for_a_reserved_slot_to_free() {
     };
     // Not served while the reserved slot is taken: a bounded check for something that must not
     // happen, not a wait.
-    let not_yet = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < not_yet {
-        assert!(!second.is_finished(), "served without a reserved slot");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::throughout(
+        "the second client waiting for a reserved slot",
+        Duration::from_millis(300),
+        async || !second.is_finished(),
+    )
+    .await;
     first.review("first-again").await;
     first.task.abort();
     drop(first);
@@ -218,11 +221,12 @@ async fn without_a_client_ca_stalled_handshakes_make_new_clients_wait() {
             http.review("waited").await;
         })
     };
-    let not_yet = Instant::now() + AUTHENTICATED_REVIEW * 3;
-    while Instant::now() < not_yet {
-        assert!(!client.is_finished(), "served while every slot was held");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait::throughout(
+        "the client waiting while every slot is held",
+        AUTHENTICATED_REVIEW * 3,
+        async || !client.is_finished(),
+    )
+    .await;
     drop(stalled.remove(0));
     tokio::time::timeout(DEADLINE, client)
         .await
@@ -320,11 +324,11 @@ async fn the_client_ca_file_is_polled() {
     .await;
     let next = TestCa::new("next client CA");
     std::fs::write(client_ca.file.path(), &next.pem).unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while !accepted(&server, Some(&next.issue(&["kube-apiserver"]))).await {
-        assert!(Instant::now() < deadline, "the new CA was never used");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let pair = next.issue(&["kube-apiserver"]);
+    wait::eventually("the new CA to be used", async || {
+        accepted(&server, Some(&pair)).await
+    })
+    .await;
     assert!(!accepted(&server, Some(&client_ca.client())).await);
 }
 

@@ -3,8 +3,12 @@
 //! live in `fuzz/src/lib.rs` and are compiled in here as a module. Inputs the fuzzers found are
 //! kept below as their own tests.
 
+#[path = "common/build.rs"]
+mod build;
+
 use std::path::{Path, PathBuf};
 
+use build::{Review, deployment, patch_of};
 use confighash::core::refs;
 use confighash::offline::Source;
 
@@ -93,51 +97,27 @@ fn every_example_together_keeps_the_stamp_invariants() {
 #[test]
 fn the_in_memory_source_reaches_every_lookup_outcome() {
     // The seeds rely on these names; a review of each is answered as the rules say.
-    let review = |name: &str| {
-        serde_json::json!({
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": "u",
-                "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-                "namespace": "shop",
-                "operation": "CREATE",
-                "object": {
-                    "apiVersion": "apps/v1",
-                    "kind": "Deployment",
-                    "metadata": {"name": "web"},
-                    "spec": {"template": {"spec": {"containers": [
-                        {"name": "a", "envFrom": [{"configMapRef": {"name": name}}]}
-                    ]}}}
-                }
-            }
-        })
-    };
+    let review =
+        |name: &str| Review::create(&deployment("web").env_from_config_map(name).json()).bytes();
     let rt = fuzz_checks::runtime();
     let webhook = fuzz_checks::webhook();
     let patch = |name: &str| -> String {
-        let body = serde_json::to_vec(&review(name)).expect("JSON");
-        let answer = rt.block_on(webhook.answer(&body)).expect("a review");
-        answer["response"]["patch"]
-            .as_str()
-            .map(|p| {
-                use base64::Engine;
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(p)
-                    .expect("base64");
-                String::from_utf8(bytes).expect("UTF-8")
-            })
+        let answer = rt
+            .block_on(webhook.answer(&review(name)))
+            .expect("a review");
+        patch_of(&answer)
+            .map(|bytes| String::from_utf8(bytes).expect("UTF-8"))
             .unwrap_or_default()
     };
     for name in ["cfg", "gone-absent", "cfg-ignored"] {
         assert!(patch(name).contains("confighash.dev~1checksum"), "{name}");
-        admission(&serde_json::to_vec(&review(name)).expect("JSON"));
+        admission(&review(name));
     }
     for name in ["db-fail", "dup"] {
         let patch = patch(name);
         assert!(patch.contains("confighash.dev~1unstamped"), "{name}");
         assert!(!patch.contains("confighash.dev~1checksum"), "{name}");
-        admission(&serde_json::to_vec(&review(name)).expect("JSON"));
+        admission(&review(name));
     }
 }
 

@@ -3,154 +3,45 @@
 //! `--max-references`), how reads are shared among reviews, and that the bytes of what it reads
 //! count against the review memory budget.
 
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/harness.rs"]
+mod harness;
+
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use apiserver::ApiServer;
-use base64::Engine;
-use confighash::admin::metrics::Metrics;
-use confighash::certs::key::KeyStore;
-use confighash::core::checksum::StampKey;
+use build::{NS, Review, Workload, config_map, deployment, marker_of, patched, stamp_of};
+use confighash::core::names::UNSTAMPED_ANNOTATION as MARKER;
 use confighash::core::refs::ObjectRef;
-use confighash::webhook::admission::{DEFAULT_MAX_REFERENCES, Webhook};
-use confighash::webhook::lookup::{ConfigSource, Fetched, KubeSource, MemoryBudget};
+use confighash::webhook::admission::DEFAULT_MAX_REFERENCES;
+use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, PostParams};
+use harness::Harness;
 use serde_json::{Value, json};
 
 const KEY: &[u8] = b"hardening.rs: a key of 32 bytes!";
-const NS: &str = "shop";
-const MARKER: &str = "confighash.dev/unstamped";
-const STAMP: &str = "confighash.dev/checksum";
 
-async fn api_with_config_map(data: &str) -> ApiServer {
-    let api = ApiServer::start().await;
-    let client = api.client();
-    for ns in [NS, "kube-system", "confighash", "tenant-x"] {
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
+/// The in-memory API server with namespaces `shop`, `kube-system`, `confighash` and `tenant-x`,
+/// each holding ConfigMap `web` with `data` under key `app.conf`.
+async fn api_with_config_map(data: &str) -> Harness {
+    let namespaces = [NS, "kube-system", "confighash", "tenant-x"];
+    let h = Harness::start(&namespaces, KEY).await;
+    for ns in namespaces {
+        build::create(&h.client, ns, config_map("web", &[("app.conf", data)])).await;
     }
-    for ns in [NS, "kube-system", "confighash", "tenant-x"] {
-        let cm: ConfigMap = serde_json::from_value(json!({
-            "metadata": {"name": "web"},
-            "data": {"app.conf": data}
-        }))
-        .unwrap();
-        Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .create(&PostParams::default(), &cm)
-            .await
-            .unwrap();
-    }
-    api
-}
-
-async fn put_config_map(client: &kube::Client, ns: &str, name: &str, data: &str) {
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let mut cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "data": {"app.conf": data}
-    }))
-    .unwrap();
-    match api.get_opt(name).await.unwrap() {
-        Some(old) => {
-            cm.metadata.resource_version = old.metadata.resource_version;
-            api.replace(name, &PostParams::default(), &cm)
-                .await
-                .unwrap();
-        }
-        None => {
-            api.create(&PostParams::default(), &cm).await.unwrap();
-        }
-    }
-}
-
-fn webhook(source: Arc<dyn ConfigSource>) -> Webhook {
-    Webhook::new(
-        source,
-        Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
-        Arc::new(Metrics::new()),
-    )
+    h
 }
 
 /// A Deployment mounting ConfigMap `web`, naming `extra` more through the extra annotation.
-fn deployment(namespace: &str, extra: &[String], template_annotations: Value) -> Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "web",
-            "namespace": namespace,
-            "annotations": {"confighash.dev/extra-configmaps": extra.join(",")}
-        },
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}, "annotations": template_annotations},
-                "spec": {
-                    "containers": [{"name": "web", "image": "example/web:1",
-                        "volumeMounts": [{"name": "cfg", "mountPath": "/etc/web"}]}],
-                    "volumes": [{"name": "cfg", "configMap": {"name": "web"}}]
-                }
-            }
-        }
-    })
-}
-
-fn review(operation: &str, namespace: &str, object: &Value, old: Option<&Value>) -> Vec<u8> {
-    static UID: AtomicU64 = AtomicU64::new(1);
-    let uid = UID.fetch_add(1, Ordering::SeqCst);
-    let mut request = json!({
-        "uid": format!("00000000-0000-0000-0000-{uid:012}"),
-        "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-        "namespace": namespace,
-        "name": "web",
-        "operation": operation,
-        "object": object,
-    });
-    if let Some(old) = old {
-        request["oldObject"] = old.clone();
-    }
-    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
-        .to_string()
-        .into_bytes()
-}
-
-/// The object with the reply's patch applied.
-fn patched(object: &Value, reply: &Value) -> Value {
-    let mut object = object.clone();
-    if let Some(patch) = reply["response"]["patch"].as_str() {
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(patch)
-            .unwrap();
-        let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
-        json_patch::patch(&mut object, &patch).unwrap();
-    }
-    object
-}
-
-fn stamp(object: &Value) -> Option<&str> {
-    object["spec"]["template"]["metadata"]["annotations"][STAMP].as_str()
-}
-
-fn marker(object: &Value) -> Option<&str> {
-    object["metadata"]["annotations"][MARKER].as_str()
-}
-
-/// GETs of ConfigMaps and Secrets the stand-in has served.
-fn reads(api: &ApiServer) -> usize {
-    api.requests()
-        .iter()
-        .filter(|(verb, resource)| {
-            verb == "get" && (resource == "configmaps" || resource == "secrets")
-        })
-        .count()
+fn web(namespace: &str, extra: &[String], template_annotations: Value) -> Workload {
+    deployment("web")
+        .in_namespace(namespace)
+        .extra_config_maps(extra)
+        .config_map_volume("cfg", "web", &[])
+        .template_annotations(template_annotations)
 }
 
 fn names(n: usize) -> Vec<String> {
@@ -159,9 +50,9 @@ fn names(n: usize) -> Vec<String> {
 
 #[tokio::test]
 async fn a_namespace_or_name_that_is_not_a_kubernetes_name_is_refused_before_any_read() {
-    let api = api_with_config_map("a").await;
-    let webhook = webhook(Arc::new(KubeSource::new(api.client())));
-    let before = api.requests().len();
+    let h = api_with_config_map("a").await;
+    let webhook = h.webhook();
+    let before = h.api.requests().len();
     // The attack's namespaces: each would have reached another path of the API.
     for namespace in [
         "kube-system/secrets/admin-token?",
@@ -174,18 +65,16 @@ async fn a_namespace_or_name_that_is_not_a_kubernetes_name_is_refused_before_any
         "",
         &"a".repeat(64),
     ] {
-        let object = deployment(namespace, &[], json!({}));
+        let object = web(namespace, &[], json!({})).json();
         let err = webhook
-            .answer(&review("CREATE", namespace, &object, None))
+            .answer(&Review::create(&object).bytes())
             .await
             .expect_err(namespace);
         assert_eq!(err.status(), 400, "{namespace}: {}", err.message());
         assert!(err.message().contains("namespace"), "{}", err.message());
     }
     // A review without a namespace at all.
-    let mut body: Value =
-        serde_json::from_slice(&review("CREATE", NS, &deployment(NS, &[], json!({})), None))
-            .unwrap();
+    let mut body = Review::create(&web(NS, &[], json!({})).json()).json();
     body["request"].as_object_mut().unwrap().remove("namespace");
     let err = webhook
         .answer(body.to_string().as_bytes())
@@ -193,9 +82,7 @@ async fn a_namespace_or_name_that_is_not_a_kubernetes_name_is_refused_before_any
         .unwrap_err();
     assert_eq!(err.status(), 400);
     // And a workload name that is not an object name.
-    let mut body: Value =
-        serde_json::from_slice(&review("CREATE", NS, &deployment(NS, &[], json!({})), None))
-            .unwrap();
+    let mut body = Review::create(&web(NS, &[], json!({})).json()).json();
     body["request"]["name"] = json!("web\nlevel=error msg=forged");
     let err = webhook
         .answer(body.to_string().as_bytes())
@@ -203,52 +90,53 @@ async fn a_namespace_or_name_that_is_not_a_kubernetes_name_is_refused_before_any
         .unwrap_err();
     assert_eq!(err.status(), 400);
     assert_eq!(
-        api.requests().len(),
+        h.api.requests().len(),
         before,
         "no request reached the API server: {:?}",
-        &api.requests()[before..]
+        &h.api.requests()[before..]
     );
     // The same review in a valid namespace is read and stamped.
-    let object = deployment(NS, &[], json!({}));
+    let object = web(NS, &[], json!({})).json();
     let reply = webhook
-        .answer(&review("CREATE", NS, &object, None))
+        .answer(&Review::create(&object).bytes())
         .await
         .unwrap();
-    assert!(stamp(&patched(&object, &reply)).is_some());
-    assert_eq!(reads(&api), 1);
+    assert!(stamp_of(&patched(&object, &reply)).is_some());
+    assert_eq!(h.reads(), 1);
 }
 
 #[tokio::test]
 async fn objects_in_kube_system_its_own_and_excluded_namespaces_are_never_read() {
-    let api = api_with_config_map("a").await;
-    let webhook = webhook(Arc::new(KubeSource::new(api.client())))
+    let h = api_with_config_map("a").await;
+    let webhook = h
+        .webhook()
         .with_excluded_namespaces(["confighash".to_owned(), "tenant-x".to_owned()]);
     for namespace in ["kube-system", "confighash", "tenant-x"] {
-        let object = deployment(namespace, &[], json!({}));
+        let object = web(namespace, &[], json!({})).json();
         let reply = webhook
-            .answer(&review("CREATE", namespace, &object, None))
+            .answer(&Review::create(&object).bytes())
             .await
             .unwrap();
         assert_eq!(reply["response"]["allowed"], true);
         assert!(reply["response"]["patch"].is_null(), "{namespace}: {reply}");
     }
-    assert_eq!(reads(&api), 0, "{:?}", api.requests());
+    assert_eq!(h.reads(), 0, "{:?}", h.api.requests());
 }
 
 #[tokio::test]
 async fn a_workload_over_max_references_is_marked_for_good_and_nothing_is_read() {
-    let api = api_with_config_map("a").await;
-    let webhook = webhook(Arc::new(KubeSource::new(api.client())));
+    let h = api_with_config_map("a").await;
+    let webhook = h.webhook();
     // The attack's review: ten thousand names, about 90 KB.
     let many = names(10_000);
-    let object = deployment(NS, &many, json!({}));
-    let body = review("CREATE", NS, &object, None);
+    let object = web(NS, &many, json!({})).json();
+    let body = Review::create(&object).bytes();
     assert!(body.len() > 90_000, "{} bytes", body.len());
     let reply = webhook.answer(&body).await.unwrap();
     let created = patched(&object, &reply);
-    assert_eq!(marker(&created), Some("too-many-references"));
-    assert_eq!(stamp(&created), None);
-    assert_eq!(reads(&api), 0);
+    assert_eq!(marker_of(&created).as_deref(), Some("too-many-references"));
+    assert_eq!(stamp_of(&created), None);
+    assert_eq!(h.reads(), 0);
     assert_eq!(
         webhook
             .metrics()
@@ -258,41 +146,42 @@ async fn a_workload_over_max_references_is_marked_for_good_and_nothing_is_read()
 
     // Exactly at the limit is read; one more is not.
     let at_limit = names(DEFAULT_MAX_REFERENCES - 1); // plus ConfigMap web
-    let object = deployment(NS, &at_limit, json!({}));
+    let object = web(NS, &at_limit, json!({})).json();
     let reply = webhook
-        .answer(&review("CREATE", NS, &object, None))
+        .answer(&Review::create(&object).bytes())
         .await
         .unwrap();
     let stamped = patched(&object, &reply);
-    assert!(stamp(&stamped).is_some() && marker(&stamped).is_none());
-    assert_eq!(reads(&api), DEFAULT_MAX_REFERENCES);
+    assert!(stamp_of(&stamped).is_some() && marker_of(&stamped).is_none());
+    assert_eq!(h.reads(), DEFAULT_MAX_REFERENCES);
 
     // An UPDATE that grows a stamped workload past the limit keeps its stamp, reads nothing.
-    let grown = deployment(
+    let grown = web(
         NS,
         &names(DEFAULT_MAX_REFERENCES),
         stamped["spec"]["template"]["metadata"]["annotations"].clone(),
-    );
-    let before = reads(&api);
+    )
+    .json();
+    let before = h.reads();
     let reply = webhook
-        .answer(&review("UPDATE", NS, &grown, Some(&stamped)))
+        .answer(&Review::update(&grown, &stamped).bytes())
         .await
         .unwrap();
     let updated = patched(&grown, &reply);
-    assert_eq!(stamp(&updated), stamp(&stamped));
-    assert_eq!(reads(&api), before);
+    assert_eq!(stamp_of(&updated), stamp_of(&stamped));
+    assert_eq!(h.reads(), before);
 
     // The marked workload, edited below the limit, is stamped and loses the marker.
-    let edited = deployment(NS, &names(3), json!({}));
+    let edited = web(NS, &names(3), json!({})).json();
     let mut edited = edited;
     edited["metadata"]["annotations"][MARKER] = json!("too-many-references");
     let reply = webhook
-        .answer(&review("UPDATE", NS, &edited, Some(&created)))
+        .answer(&Review::update(&edited, &created).bytes())
         .await
         .unwrap();
     let fixed = patched(&edited, &reply);
-    assert!(stamp(&fixed).is_some());
-    assert_eq!(marker(&fixed), None);
+    assert!(stamp_of(&fixed).is_some());
+    assert_eq!(marker_of(&fixed), None);
 }
 
 /// Answers reads in the order they start once released by the test, recording which review
@@ -333,7 +222,7 @@ async fn a_flood_of_large_reviews_does_not_starve_a_small_one() {
         most: AtomicUsize::new(0),
     });
     let webhook = Arc::new(
-        webhook(source.clone())
+        harness::webhook(source.clone(), KEY)
             .with_max_reads_in_flight(CAP)
             .with_lookup_deadline(Duration::from_secs(60)),
     );
@@ -342,8 +231,8 @@ async fn a_flood_of_large_reviews_does_not_starve_a_small_one() {
         let webhook = webhook.clone();
         let ns = format!("flood-{i}");
         tasks.push(tokio::spawn(async move {
-            let object = deployment(&ns, &names(200), json!({}));
-            webhook.answer(&review("CREATE", &ns, &object, None)).await
+            let object = web(&ns, &names(200), json!({})).json();
+            webhook.answer(&Review::create(&object).bytes()).await
         }));
     }
     // Every large review has reads waiting before the small one arrives.
@@ -361,8 +250,8 @@ async fn a_flood_of_large_reviews_does_not_starve_a_small_one() {
     let small = {
         let webhook = webhook.clone();
         tokio::spawn(async move {
-            let object = deployment(NS, &names(1), json!({}));
-            webhook.answer(&review("CREATE", NS, &object, None)).await
+            let object = web(NS, &names(1), json!({})).json();
+            webhook.answer(&Review::create(&object).bytes()).await
         })
     };
     for _ in 0..200 {
@@ -407,61 +296,60 @@ async fn a_flood_of_large_reviews_does_not_starve_a_small_one() {
 #[tokio::test]
 async fn the_bytes_of_objects_read_count_against_the_review_memory_budget() {
     // A ConfigMap of about 1 MiB.
-    let api = api_with_config_map(&"x".repeat(1 << 20)).await;
-    let webhook = webhook(Arc::new(KubeSource::new(api.client())));
-    let object = deployment(NS, &[], json!({}));
+    let h = api_with_config_map(&"x".repeat(1 << 20)).await;
+    let webhook = h.webhook();
+    let object = web(NS, &[], json!({})).json();
     // Too small a budget for the object: the lookup fails (rule 1), nothing is stamped.
     let small = MemoryBudget::new(512 * 1024);
     let reply = webhook
-        .answer_within(&review("CREATE", NS, &object, None), &small)
+        .answer_within(&Review::create(&object).bytes(), &small)
         .await
         .unwrap();
     let created = patched(&object, &reply);
-    assert_eq!(marker(&created), Some("lookup-failed"));
+    assert_eq!(marker_of(&created).as_deref(), Some("lookup-failed"));
     assert_eq!(small.in_use(), 0, "what the read held is given back");
     // With room for it, it is read and stamped, and the budget is whole again afterwards.
     let budget = MemoryBudget::new(8 << 20);
     let reply = webhook
-        .answer_within(&review("CREATE", NS, &object, None), &budget)
+        .answer_within(&Review::create(&object).bytes(), &budget)
         .await
         .unwrap();
-    assert!(stamp(&patched(&object, &reply)).is_some());
+    assert!(stamp_of(&patched(&object, &reply)).is_some());
     assert_eq!(budget.in_use(), 0);
 }
 
 #[tokio::test]
 async fn a_create_right_after_a_config_write_sees_the_write_under_concurrent_reviews() {
-    let api = api_with_config_map("v1").await;
-    let client = api.client();
-    api.set_delay(Duration::from_millis(30));
-    let webhook = Arc::new(webhook(Arc::new(KubeSource::new(client.clone()))));
-    let object = deployment(NS, &[], json!({}));
+    let h = api_with_config_map("v1").await;
+    h.api.set_delay(Duration::from_millis(30));
+    let webhook = Arc::new(h.webhook());
+    let object = web(NS, &[], json!({})).json();
     // Reviews of the same workload keep arriving while the ConfigMap is written.
     let mut stamps_by_content: BTreeMap<&str, String> = BTreeMap::new();
     for content in ["v1", "v2"] {
         let reply = webhook
-            .answer(&review("CREATE", NS, &object, None))
+            .answer(&Review::create(&object).bytes())
             .await
             .unwrap();
-        let expected = stamp(&patched(&object, &reply)).unwrap().to_owned();
+        let expected = stamp_of(&patched(&object, &reply)).unwrap().to_owned();
         stamps_by_content.insert(content, expected);
         if content == "v1" {
             let background: Vec<_> = (0..8)
                 .map(|_| {
                     let webhook = webhook.clone();
                     let object = object.clone();
-                    tokio::spawn(async move {
-                        webhook.answer(&review("CREATE", NS, &object, None)).await
-                    })
+                    tokio::spawn(
+                        async move { webhook.answer(&Review::create(&object).bytes()).await },
+                    )
                 })
                 .collect();
-            put_config_map(&client, NS, "web", "v2").await;
+            h.put(NS, config_map("web", &[("app.conf", "v2")])).await;
             // At once after the write: this review must see v2, whatever is in flight.
             let reply = webhook
-                .answer(&review("CREATE", NS, &object, None))
+                .answer(&Review::create(&object).bytes())
                 .await
                 .unwrap();
-            let after_write = stamp(&patched(&object, &reply)).unwrap().to_owned();
+            let after_write = stamp_of(&patched(&object, &reply)).unwrap().to_owned();
             for t in background {
                 t.await.unwrap().unwrap();
             }

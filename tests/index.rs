@@ -1,57 +1,20 @@
 //! The watcher's memory as plain data: the digest store and the workload index, fed objects
 //! without a client.
 
-use std::collections::BTreeMap;
+#[path = "common/build.rs"]
+mod build;
 
-use confighash::core::checksum::{self, ObjectView, RefState, StampKey};
+use build::{Meta, Workload, config_map, deployment, key, secret};
+use confighash::core::checksum::{self, ObjectView, RefState};
+use confighash::core::names::IGNORE_ANNOTATION;
 use confighash::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use confighash::core::rules::Lookup;
 use confighash::core::workload::WorkloadKind;
 use confighash::watcher::index::{
     ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
 };
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::ObjectMeta;
+use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::{Value, json};
-
-fn key() -> StampKey {
-    StampKey::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap()
-}
-
-fn config_map(name: &str, rv: &str, data: &[(&str, &str)]) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some("shop".to_owned()),
-            resource_version: Some(rv.to_owned()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ),
-        ..Default::default()
-    }
-}
-
-fn secret(name: &str, data: &[(&str, &[u8])]) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            namespace: Some("shop".to_owned()),
-            resource_version: Some("7".to_owned()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    }
-}
 
 fn cm_key(ns: &str, name: &str) -> (String, ObjectRef) {
     (ns.to_owned(), ObjectRef::new(ObjectKind::ConfigMap, name))
@@ -69,18 +32,25 @@ fn stored(cm: &ConfigMap) -> StoredConfig {
 fn upsert_reports_only_changes_the_recipe_sees() {
     let mut store = ConfigStore::default();
     let key = cm_key("shop", "app");
-    assert!(store.upsert(key.clone(), stored(&config_map("app", "1", &[("a", "1")]))));
+    assert!(store.upsert(
+        key.clone(),
+        stored(&config_map("app", &[("a", "1")]).at_version("1"))
+    ));
     // A metadata-only write: same inputs, new resourceVersion kept.
-    assert!(!store.upsert(key.clone(), stored(&config_map("app", "2", &[("a", "1")]))));
+    assert!(!store.upsert(
+        key.clone(),
+        stored(&config_map("app", &[("a", "1")]).at_version("2"))
+    ));
     assert_eq!(&*store.get(&key).unwrap().resource_version, "2");
     // New content.
-    assert!(store.upsert(key.clone(), stored(&config_map("app", "3", &[("a", "2")]))));
+    assert!(store.upsert(
+        key.clone(),
+        stored(&config_map("app", &[("a", "2")]).at_version("3"))
+    ));
     // The ignore annotation added.
-    let mut ignored = config_map("app", "4", &[("a", "2")]);
-    ignored.metadata.annotations = Some(BTreeMap::from([(
-        confighash::core::names::IGNORE_ANNOTATION.to_owned(),
-        "true".to_owned(),
-    )]));
+    let ignored = config_map("app", &[("a", "2")])
+        .at_version("4")
+        .annotated(IGNORE_ANNOTATION, "true");
     assert!(store.upsert(key.clone(), stored(&ignored)));
     assert!(matches!(store.state("shop", &key.1), RefState::Ignored));
     assert!(store.remove(&key));
@@ -96,7 +66,7 @@ fn counts_follow_every_insert_and_removal_per_kind() {
         for i in 0..3 {
             store.upsert(
                 cm_key(ns, &format!("cm-{i}")),
-                stored(&config_map("x", "1", &[("k", "v")])),
+                stored(&config_map("x", &[("k", "v")]).at_version("1")),
             );
         }
         store.upsert(
@@ -107,7 +77,7 @@ fn counts_follow_every_insert_and_removal_per_kind() {
     // Re-inserting a known object does not count it twice.
     store.upsert(
         cm_key("a", "cm-0"),
-        stored(&config_map("x", "2", &[("k", "w")])),
+        stored(&config_map("x", &[("k", "w")]).at_version("2")),
     );
     assert_eq!(store.count(ObjectKind::ConfigMap), 6);
     assert_eq!(store.count(ObjectKind::Secret), 2);
@@ -139,11 +109,11 @@ fn the_same_name_in_two_namespaces_or_of_two_kinds_is_two_objects() {
     let mut store = ConfigStore::default();
     store.upsert(
         cm_key("a", "app"),
-        stored(&config_map("app", "1", &[("k", "1")])),
+        stored(&config_map("app", &[("k", "1")]).at_version("1")),
     );
     store.upsert(
         cm_key("b", "app"),
-        stored(&config_map("app", "1", &[("k", "2")])),
+        stored(&config_map("app", &[("k", "2")]).at_version("1")),
     );
     store.upsert(
         secret_key("a", "app"),
@@ -162,7 +132,7 @@ fn the_same_name_in_two_namespaces_or_of_two_kinds_is_two_objects() {
 
 #[test]
 fn lookup_gives_the_stamp_the_whole_objects_give() {
-    let cm = config_map("app", "1", &[("LOG_LEVEL", "info"), ("PORT", "8080")]);
+    let cm = config_map("app", &[("LOG_LEVEL", "info"), ("PORT", "8080")]).at_version("1");
     let db = secret("db", &[("password", b"hunter2"), ("user", b"app")]);
     let mut store = ConfigStore::default();
     store.upsert(cm_key("shop", "app"), stored(&cm));
@@ -229,27 +199,14 @@ fn lookup_gives_the_stamp_the_whole_objects_give() {
     assert!(required_absent);
 }
 
-fn deployment(name: &str, refs: &[&str], extra: Value) -> Value {
-    let env_from: Vec<Value> = refs
-        .iter()
-        .map(|r| json!({"configMapRef": {"name": r}}))
-        .collect();
-    let mut obj = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "shop", "resourceVersion": "5", "uid": "u-1"},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": "app:1", "envFrom": env_from}]}
-            }
-        }
-    });
-    if let (Some(spec), Value::Object(extra)) = (obj["spec"].as_object_mut(), extra) {
-        spec.extend(extra);
-    }
-    obj
+/// Deployment `name` in `shop` (resource version 5, uid u-1) taking ConfigMaps `refs` whole.
+fn using(name: &str, refs: &[&str]) -> Workload {
+    refs.iter().fold(
+        deployment(name)
+            .meta("resourceVersion", json!("5"))
+            .meta("uid", json!("u-1")),
+        |d, r| d.env_from_config_map(r),
+    )
 }
 
 fn entry(obj: &Value) -> WorkloadEntry {
@@ -265,14 +222,8 @@ fn wkey(name: &str) -> WorkloadKey {
 #[test]
 fn the_reverse_index_follows_references_as_they_change() {
     let mut index = WorkloadIndex::default();
-    index.upsert(
-        wkey("web"),
-        entry(&deployment("web", &["app", "shared"], json!({}))),
-    );
-    index.upsert(
-        wkey("api"),
-        entry(&deployment("api", &["shared"], json!({}))),
-    );
+    index.upsert(wkey("web"), entry(&using("web", &["app", "shared"]).json()));
+    index.upsert(wkey("api"), entry(&using("api", &["shared"]).json()));
     let dependents = |index: &WorkloadIndex, name: &str| -> Vec<String> {
         index
             .dependents(&cm_key("shop", name))
@@ -283,10 +234,7 @@ fn the_reverse_index_follows_references_as_they_change() {
     assert_eq!(dependents(&index, "app"), ["web"]);
 
     // web stops using "app": its link goes, and nothing else references it.
-    index.upsert(
-        wkey("web"),
-        entry(&deployment("web", &["shared"], json!({}))),
-    );
+    index.upsert(wkey("web"), entry(&using("web", &["shared"]).json()));
     assert!(!index.is_referenced(&cm_key("shop", "app")));
     assert_eq!(dependents(&index, "shared"), ["api", "web"]);
     // Same name in another namespace is another object.
@@ -305,8 +253,8 @@ fn the_reverse_index_follows_references_as_they_change() {
 
 #[test]
 fn entries_know_which_workloads_do_not_roll_by_themselves() {
-    assert!(entry(&deployment("web", &["app"], json!({}))).rolls_by_itself);
-    assert!(!entry(&deployment("web", &["app"], json!({"paused": true}))).rolls_by_itself);
+    assert!(entry(&using("web", &["app"]).json()).rolls_by_itself);
+    assert!(!entry(&using("web", &["app"]).spec("paused", json!(true)).json()).rolls_by_itself);
     let on_delete = json!({
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -320,7 +268,7 @@ fn entries_know_which_workloads_do_not_roll_by_themselves() {
         .unwrap()
         .unwrap();
     assert!(!e.rolls_by_itself);
-    let e = entry(&deployment("web", &["app"], json!({})));
+    let e = entry(&using("web", &["app"]).json());
     assert_eq!(e.resource_version, "5");
     assert_eq!(e.uid, "u-1");
     assert_eq!(e.refs.len(), 1);

@@ -1,47 +1,32 @@
 //! The installation's key from a Secret, against the in-memory API server: creation when absent,
 //! the creation race between replicas, refused content, retries, and reloading by the watch.
 
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/wait.rs"]
+mod wait;
+
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use apiserver::ApiServer;
+use build::{create_namespace, secret};
 use confighash::certs::key::{self, KeyLoadError, KeyStore};
 use confighash::core::checksum::StampKey;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tracing::instrument::WithSubscriber;
 
 const NS: &str = "confighash-system";
 const SECRET: &str = "confighash-key";
-const DEADLINE: Duration = Duration::from_secs(10);
-
-/// Polls `check` until it holds or the deadline passes.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let start = tokio::time::Instant::now();
-    while !check() {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn setup() -> (ApiServer, Client) {
     let server = ApiServer::start().await;
     let client = server.client();
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace created");
+    create_namespace(&client, NS, &[]).await;
     (server, client)
 }
 
@@ -49,24 +34,9 @@ fn secrets(client: &Client) -> Api<Secret> {
     Api::namespaced(client.clone(), NS)
 }
 
-fn secret_with(data: &[(&str, &[u8])]) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET.into()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    }
-}
-
 async fn create_secret(client: &Client, data: &[(&str, &[u8])]) {
     secrets(client)
-        .create(&PostParams::default(), &secret_with(data))
+        .create(&PostParams::default(), &secret(SECRET, data))
         .await
         .expect("Secret created");
 }
@@ -346,21 +316,21 @@ async fn the_watch_reloads_good_keys_and_keeps_the_old_one_otherwise() {
     let has_id = |bytes: &'static [u8]| {
         let store = store.clone();
         let id = id_of(bytes);
-        move || store.current().id() == id
+        async move || store.current().id() == id
     };
 
     // A changed key is reloaded.
     let second: &[u8] = b"second key, also long enough!!!";
     set_data(&client, &[("key", second)]).await;
-    eventually("the second key", has_id(second)).await;
-    eventually("the change logged", || {
+    wait::eventually("the second key", has_id(second)).await;
+    wait::eventually("the change logged", async || {
         logs.lines_with("INFO", &id_of(second)) >= 1
     })
     .await;
 
     // Too short: the old key stays, and an error names the Secret.
     set_data(&client, &[("key", b"short")]).await;
-    eventually("the refused key logged", || {
+    wait::eventually("the refused key logged", async || {
         logs.lines_with("ERROR", SECRET) >= 1
     })
     .await;
@@ -368,7 +338,7 @@ async fn the_watch_reloads_good_keys_and_keeps_the_old_one_otherwise() {
 
     // Missing entry: the same.
     set_data(&client, &[("not-key", second)]).await;
-    eventually("the missing entry logged", || {
+    wait::eventually("the missing entry logged", async || {
         logs.lines_with("ERROR", SECRET) >= 2
     })
     .await;
@@ -379,7 +349,7 @@ async fn the_watch_reloads_good_keys_and_keeps_the_old_one_otherwise() {
         .delete(SECRET, &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the deletion logged", || {
+    wait::eventually("the deletion logged", async || {
         logs.lines_with("WARN", "deleted") >= 1
     })
     .await;
@@ -388,20 +358,20 @@ async fn the_watch_reloads_good_keys_and_keeps_the_old_one_otherwise() {
     // Created again with a good key: picked up.
     let third: &[u8] = b"third key, created after delete";
     create_secret(&client, &[("key", third)]).await;
-    eventually("the third key", has_id(third)).await;
+    wait::eventually("the third key", has_id(third)).await;
 
     // Dropped watches are survived.
     server.close_watches();
     let fourth: &[u8] = b"fourth key, after a dropped watch";
     set_data(&client, &[("key", fourth)]).await;
-    eventually("the fourth key after a dropped watch", has_id(fourth)).await;
+    wait::eventually("the fourth key after a dropped watch", has_id(fourth)).await;
 
     // So is compacted history (410 Gone on the re-watch).
     server.compact();
     server.close_watches();
     let fifth: &[u8] = b"fifth key, after a compaction!!";
     set_data(&client, &[("key", fifth)]).await;
-    eventually("the fifth key after 410", has_id(fifth)).await;
+    wait::eventually("the fifth key after 410", has_id(fifth)).await;
 
     task.abort();
     let _ = task.await;
@@ -436,8 +406,7 @@ async fn the_watch_ignores_other_secrets_and_an_unchanged_key() {
             .with_subscriber(subscriber),
     );
     // Another Secret with a `key` entry in the same namespace is not the key Secret.
-    let mut other = secret_with(&[("key", b"another secret's key, not ours!!")]);
-    other.metadata.name = Some("unrelated".into());
+    let other = secret("unrelated", &[("key", b"another secret's key, not ours!!")]);
     secrets(&client)
         .create(&PostParams::default(), &other)
         .await
@@ -455,7 +424,7 @@ async fn the_watch_ignores_other_secrets_and_an_unchanged_key() {
     let second: &[u8] = b"second key, also long enough!!!";
     set_data(&client, &[("key", second)]).await;
     let id = id_of(second);
-    eventually("the second key", || store.current().id() == id).await;
+    wait::eventually("the second key", async || store.current().id() == id).await;
     task.abort();
     let _ = task.await;
     let text = logs.text();

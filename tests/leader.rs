@@ -1,12 +1,17 @@
 //! Leader election against the in-memory API server, with short durations: a 1.5 s lease
-//! (written as 2 s), a 1 s renew deadline and a 200 ms retry period.
+//! (written as 2 s), a 1 s renew deadline and a 200 ms retry period. Every wait polls towards a
+//! deadline; what must not happen is sampled over its period and fails at once.
+
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/wait.rs"]
+mod wait;
 
 use std::time::{Duration, SystemTime};
 
 use apiserver::ApiServer;
 use confighash::watcher::leader::{self, ConfigError, LeaderConfig, Leadership};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Client;
@@ -39,31 +44,8 @@ fn config(identity: &str) -> LeaderConfig {
 async fn start() -> (ApiServer, Client) {
     let server = ApiServer::start().await;
     let client = server.client();
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace created");
+    build::create_namespace(&client, NS, &[]).await;
     (server, client)
-}
-
-/// Samples `check` every few milliseconds until it holds; returns how long that took.
-async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) -> Duration {
-    let start = Instant::now();
-    while !check() {
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(SAMPLE).await;
-    }
-    start.elapsed()
 }
 
 /// Samples two candidates until `until` holds, asserting they never both lead.
@@ -112,20 +94,66 @@ fn renew_time(server: &ApiServer) -> Timestamp {
         .expect("a timestamp")
 }
 
-/// Spawns `first`, waits until it leads, then spawns `second` (so the leader is known).
+/// GETs and PUTs of Leases the API server has had so far.
+fn lease_requests(server: &ApiServer) -> (usize, usize) {
+    let requests = server.requests();
+    let count = |verb: &str| {
+        requests
+            .iter()
+            .filter(|(v, resource)| v == verb && resource == "leases")
+            .count()
+    };
+    (count("get"), count("update"))
+}
+
+/// Spawns a candidate while another leads, and waits until it has read the Lease (so it knows
+/// the leader). The leader renews with a GET and then a PUT every retry period, so from any
+/// moment on its GETs outnumber its PUTs by at most one: two GETs more than PUTs since the
+/// spawn mean that the new candidate has read the Lease.
+async fn spawn_follower(
+    server: &ApiServer,
+    client: Client,
+    config: LeaderConfig,
+) -> (Leadership, tokio::task::JoinHandle<()>) {
+    let (gets, puts) = lease_requests(server);
+    let follower = leader::spawn(client, config);
+    wait::eventually_within(
+        "the new candidate to read the Lease",
+        Duration::from_secs(3),
+        async || {
+            let (g, p) = lease_requests(server);
+            g - gets >= p - puts + 2
+        },
+    )
+    .await;
+    follower
+}
+
+/// Spawns `first`, waits until it leads, then spawns `second` and waits until it has read the
+/// Lease (so the leader is known).
 async fn leader_then_follower(
+    server: &ApiServer,
     first: (Client, LeaderConfig),
     second: (Client, LeaderConfig),
 ) -> [(Leadership, tokio::task::JoinHandle<()>); 2] {
     let a = leader::spawn(first.0, first.1);
-    eventually(
+    wait::eventually_within(
         "the first candidate to lead",
         Duration::from_secs(3),
-        || a.0.is_leader(),
+        async || a.0.is_leader(),
     )
     .await;
-    let b = leader::spawn(second.0, second.1);
+    let b = spawn_follower(server, second.0, second.1).await;
     [a, b]
+}
+
+/// Waits until the leader has renewed the Lease once since it was acquired.
+async fn wait_renewal(server: &ApiServer) {
+    let acquired = renew_time(server);
+    wait::eventually_within("a renewal", RETRY * 4, async || {
+        renew_time(server) > acquired
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,16 +176,15 @@ async fn a_single_candidate_leads_and_renews() {
     let first = renew_time(&server);
 
     // The leader renews every retry period and stays leader.
-    eventually("a renewal", RETRY * 4, || renew_time(&server) > first).await;
+    wait::eventually_within("a renewal", RETRY * 4, async || renew_time(&server) > first).await;
     assert_eq!(
         lease(&server, "confighash")["spec"]["acquireTime"],
         spec["acquireTime"]
     );
-    let until = Instant::now() + RENEW + RETRY * 2;
-    while Instant::now() < until {
-        assert!(leadership.is_leader(), "a healthy leader keeps leading");
-        tokio::time::sleep(SAMPLE * 4).await;
-    }
+    wait::throughout("a healthy leader leading", RENEW + RETRY * 2, async || {
+        leadership.is_leader()
+    })
+    .await;
     assert_eq!(transitions(&server), 0);
 
     task.abort();
@@ -171,7 +198,7 @@ async fn two_candidates_never_both_lead() {
     let (server, client) = start().await;
     let (a, ta) = leader::spawn(client.clone(), config("a"));
     let (b, tb) = leader::spawn(client, config("b"));
-    eventually("a leader", Duration::from_secs(3), || {
+    wait::eventually_within("a leader", Duration::from_secs(3), async || {
         a.is_leader() || b.is_leader()
     })
     .await;
@@ -194,15 +221,21 @@ async fn two_candidates_never_both_lead() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborting_the_leader_hands_over_after_the_lease_expires() {
     let (server, client) = start().await;
-    let [(a, ta), (b, tb)] =
-        leader_then_follower((client.clone(), config("a")), (client.clone(), config("b"))).await;
-    tokio::time::sleep(RETRY * 2).await; // b has read the Lease
+    let [(a, ta), (b, tb)] = leader_then_follower(
+        &server,
+        (client.clone(), config("a")),
+        (client.clone(), config("b")),
+    )
+    .await;
     assert!(!b.is_leader());
 
     ta.abort();
     assert!(ta.await.unwrap_err().is_cancelled());
     assert!(!a.is_leader());
-    let took = eventually("b to take over", Duration::from_secs(5), || b.is_leader()).await;
+    let took = wait::eventually_within("b to take over", Duration::from_secs(5), async || {
+        b.is_leader()
+    })
+    .await;
     // b waits out the lease from the last renewal it saw (at most a retry period before the abort).
     assert!(
         took >= LEASE_WRITTEN - RETRY * 2,
@@ -212,12 +245,14 @@ async fn aborting_the_leader_hands_over_after_the_lease_expires() {
     assert_eq!(transitions(&server), 1);
 
     // And again, back to a new candidate: each takeover counts.
-    let (c, tc) = leader::spawn(client, config("c"));
-    tokio::time::sleep(RETRY * 2).await;
+    let (c, tc) = spawn_follower(&server, client, config("c")).await;
     assert!(!c.is_leader());
     tb.abort();
     assert!(tb.await.unwrap_err().is_cancelled());
-    eventually("c to take over", Duration::from_secs(5), || c.is_leader()).await;
+    wait::eventually_within("c to take over", Duration::from_secs(5), async || {
+        c.is_leader()
+    })
+    .await;
     assert_eq!(holder(&server), "c");
     assert_eq!(transitions(&server), 2);
     tc.abort();
@@ -228,11 +263,11 @@ async fn release_hands_over_at_once() {
     let (server, client) = start().await;
     let config_a = config("a");
     let [(a, ta), (b, tb)] = leader_then_follower(
+        &server,
         (client.clone(), config_a.clone()),
         (client.clone(), config("b")),
     )
     .await;
-    tokio::time::sleep(RETRY * 2).await;
     assert!(!b.is_leader());
 
     ta.abort();
@@ -244,7 +279,10 @@ async fn release_hands_over_at_once() {
             .expect("released")
     );
     assert_eq!(holder(&server), "", "no holder after release");
-    let took = eventually("b to take over", Duration::from_secs(3), || b.is_leader()).await;
+    let took = wait::eventually_within("b to take over", Duration::from_secs(3), async || {
+        b.is_leader()
+    })
+    .await;
     assert!(took < RENEW, "b took over after {took:?}, not at once");
     assert_eq!(holder(&server), "b");
     assert_eq!(transitions(&server), 1);
@@ -256,8 +294,7 @@ async fn release_hands_over_at_once() {
             .expect("no error")
     );
     assert_eq!(holder(&server), "b");
-    tokio::time::sleep(RETRY * 2).await;
-    assert!(b.is_leader());
+    wait::throughout("b leading", RETRY * 2, async || b.is_leader()).await;
     // Nor does releasing a Lease that does not exist.
     let mut other = config_a.clone();
     other.lease_name = "absent".into();
@@ -269,12 +306,15 @@ async fn release_hands_over_at_once() {
 async fn a_leader_whose_renewals_fail_steps_down_before_the_lease_expires() {
     let (server, client) = start().await;
     let (leadership, task) = leader::spawn(client, config("a"));
-    eventually("leading", Duration::from_secs(3), || leadership.is_leader()).await;
-    tokio::time::sleep(RETRY * 2).await;
+    wait::eventually_within("leading", Duration::from_secs(3), async || {
+        leadership.is_leader()
+    })
+    .await;
+    wait_renewal(&server).await;
 
     // More failures than renewals fit in the renew deadline; the rest hit re-acquisition.
     server.fail_next(Some("update"), Some("leases"), 8, 500);
-    let took = eventually("stepping down", Duration::from_secs(3), || {
+    let took = wait::eventually_within("stepping down", Duration::from_secs(3), async || {
         !leadership.is_leader()
     })
     .await;
@@ -301,7 +341,7 @@ async fn a_leader_whose_renewals_fail_steps_down_before_the_lease_expires() {
     assert_eq!(holder(&server), "a");
 
     // Once the API server answers again, it leads again: still its own Lease, no transition.
-    eventually("leading again", Duration::from_secs(5), || {
+    wait::eventually_within("leading again", Duration::from_secs(5), async || {
         leadership.is_leader()
     })
     .await;
@@ -313,11 +353,14 @@ async fn a_leader_whose_renewals_fail_steps_down_before_the_lease_expires() {
 async fn a_leader_whose_renewals_hang_steps_down_at_the_renew_deadline() {
     let (server, client) = start().await;
     let (leadership, task) = leader::spawn(client, config("a"));
-    eventually("leading", Duration::from_secs(3), || leadership.is_leader()).await;
-    tokio::time::sleep(RETRY * 2).await;
+    wait::eventually_within("leading", Duration::from_secs(3), async || {
+        leadership.is_leader()
+    })
+    .await;
+    wait_renewal(&server).await;
 
     server.set_delay(RENEW * 2);
-    let took = eventually("stepping down", Duration::from_secs(3), || {
+    let took = wait::eventually_within("stepping down", Duration::from_secs(3), async || {
         !leadership.is_leader()
     })
     .await;
@@ -333,7 +376,7 @@ async fn a_leader_whose_renewals_hang_steps_down_at_the_renew_deadline() {
     );
 
     server.set_delay(Duration::ZERO);
-    eventually("leading again", Duration::from_secs(5), || {
+    wait::eventually_within("leading again", Duration::from_secs(5), async || {
         leadership.is_leader()
     })
     .await;
@@ -386,8 +429,7 @@ async fn a_partitioned_leader_steps_down_before_the_other_takes_over() {
     let (server, client) = start().await;
     let (partitioned, freeze) = freezable_proxy(&server).await;
     let [(a, ta), (b, tb)] =
-        leader_then_follower((partitioned, config("a")), (client, config("b"))).await;
-    tokio::time::sleep(RETRY * 3).await;
+        leader_then_follower(&server, (partitioned, config("a")), (client, config("b"))).await;
     assert!(a.is_leader() && !b.is_leader());
 
     freeze.send_replace(true);
@@ -460,7 +502,7 @@ async fn expiry_is_judged_on_the_local_clock_not_the_renew_time() {
     };
     let (future, tf) = candidate("future");
     let (past, tp) = candidate("past");
-    let took = eventually("both taken over", Duration::from_secs(4), || {
+    let took = wait::eventually_within("both taken over", Duration::from_secs(4), async || {
         future.is_leader() && past.is_leader()
     })
     .await;

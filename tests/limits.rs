@@ -2,30 +2,35 @@
 //! finishes in about a second: the deadline from accept to the first request head (for HTTP/1.1
 //! and HTTP/2 alike, protocol detection included), the review timeout, the idle limit, HTTP/2
 //! keep-alive pings and the stream cap, the connection cap, and the review memory budget.
-//! Every wait polls towards a deadline; none is a fixed sleep.
+//! Every wait polls towards a deadline; none is a fixed sleep. The server is
+//! `tests/common/harness.rs`'s, the review and `read_to_close` are `tests/common/ports.rs`'s.
+
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/harness.rs"]
+mod harness;
+#[path = "common/ports.rs"]
+mod ports;
+#[path = "common/wait.rs"]
+mod wait;
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use apiserver::TestCerts;
 use clap::Parser;
-use confighash::admin::health::Health;
-use confighash::admin::metrics::Metrics;
-use confighash::certs::key::KeyStore;
 use confighash::cli::{Cli, Command};
-use confighash::core::checksum::StampKey;
 use confighash::core::refs::ObjectRef;
-use confighash::webhook::admission::{MAX_BODY, REVIEW_ALLOWANCE, Webhook};
+use confighash::webhook::admission::{MAX_BODY, REVIEW_ALLOWANCE};
 use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
-use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
-use confighash::webhook::tls::CertStore;
+use confighash::webhook::server::Limits;
 use futures::future::BoxFuture;
+use harness::{NoObjects, ServeSettings, Served};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use ports::{DEADLINE, read_to_close, review};
 use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -34,31 +39,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_rustls::client::TlsStream;
 
-/// How long any one wait below may take before the test fails.
-const DEADLINE: Duration = Duration::from_secs(10);
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Every referenced object is absent: the reviews below need no API server.
-struct NoObjects;
-
-impl ConfigSource for NoObjects {
-    fn fetch<'a>(
-        &'a self,
-        _namespace: &'a str,
-        _object: &'a ObjectRef,
-        _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
-        Box::pin(async { Ok(None) })
-    }
-}
-
-struct Server {
-    addr: SocketAddr,
-    ca_pem: String,
-    metrics: Arc<Metrics>,
-    running: Running,
-    _dir: tempfile::TempDir,
-}
+const KEY: &[u8] = b"limits.rs: a key of 32 bytes!!!!";
 
 /// Limits for tests: generous, except where a test shortens one.
 fn limits() -> Limits {
@@ -74,7 +56,7 @@ fn limits() -> Limits {
     }
 }
 
-async fn start(header_read_timeout: Duration, limits: Limits) -> Server {
+async fn start(header_read_timeout: Duration, limits: Limits) -> Served {
     start_with_source(header_read_timeout, limits, Arc::new(NoObjects)).await
 }
 
@@ -82,114 +64,39 @@ async fn start_with_source(
     header_read_timeout: Duration,
     limits: Limits,
     source: Arc<dyn ConfigSource>,
-) -> Server {
-    let certs = TestCerts::generate();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
-    std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
-    let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key")).unwrap();
-    let metrics = Arc::new(Metrics::new());
-    let webhook = Arc::new(
-        Webhook::new(
-            source,
-            Arc::new(KeyStore::new(
-                StampKey::new(b"limits.rs: a key of 32 bytes!!!!".to_vec()).unwrap(),
-            )),
-            metrics.clone(),
-        )
-        .with_lookup_deadline(Duration::from_secs(2)),
-    );
-    let running = serve::start_with(
-        ServeConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            admin_listen: "127.0.0.1:0".parse().unwrap(),
-            certs: store,
-            client_ca: None,
-            webhook,
-            health: Arc::new(Health::default()),
-            cert_poll: Duration::from_secs(60),
+) -> Served {
+    let webhook = harness::webhook(source, KEY).with_lookup_deadline(Duration::from_secs(2));
+    harness::serve(
+        webhook,
+        ServeSettings {
             header_read_timeout,
-            drain_timeout: Duration::from_secs(1),
+            limits,
+            ..ServeSettings::default()
         },
-        limits,
     )
     .await
-    .unwrap();
-    Server {
-        addr: running.webhook_addr,
-        ca_pem: certs.ca_pem,
-        metrics,
-        running,
-        _dir: dir,
-    }
 }
 
-impl Server {
-    fn client_config(&self, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
-        Arc::new(apiserver::https::client_config(&self.ca_pem, alpn))
-    }
-
-    /// A TLS connection that has finished its handshake, offering `alpn`.
-    async fn tls(&self, alpn: &[&[u8]]) -> TlsStream<TcpStream> {
-        let config = self.client_config(alpn);
-        let tcp = TcpStream::connect(self.addr).await.unwrap();
-        // As the API server's client (Go) does; with Nagle's algorithm each HTTP/2 flow-control
-        // round trip of a large body would wait for a delayed ACK.
-        tcp.set_nodelay(true).unwrap();
-        tokio::time::timeout(
-            DEADLINE,
-            tokio_rustls::TlsConnector::from(config)
-                .connect(ServerName::try_from("localhost").unwrap(), tcp),
-        )
-        .await
-        .expect("a handshake in time")
-        .expect("a TLS handshake")
-    }
-
+/// What the tests below do with a server.
+trait Port {
     /// An HTTP connection over TLS: HTTP/2 if `h2`, else HTTP/1.1.
+    async fn http(&self, h2: bool) -> Http;
+    /// Polls until the server has `n` connections open.
+    async fn wait_connections(&self, n: usize);
+}
+
+impl Port for Served {
     async fn http(&self, h2: bool) -> Http {
         let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
         Http::over(self.tls(&[alpn]).await).await
     }
 
-    /// Polls until the server has `n` connections open.
     async fn wait_connections(&self, n: usize) {
-        let deadline = Instant::now() + DEADLINE;
-        while self.running.connections() != n {
-            assert!(
-                Instant::now() < deadline,
-                "expected {n} connections, the server has {}",
-                self.running.connections()
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        wait::eventually(&format!("{n} connections"), async || {
+            self.running().connections() == n
+        })
+        .await;
     }
-}
-
-/// A review of a Deployment that references nothing.
-fn review(uid: &str) -> Vec<u8> {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": uid,
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "namespace": "shop",
-            "name": "web",
-            "operation": "CREATE",
-            "object": {
-                "apiVersion": "apps/v1",
-                "kind": "Deployment",
-                "metadata": {"name": "web", "namespace": "shop"},
-                "spec": {"template": {
-                    "metadata": {"labels": {"app": "web"}},
-                    "spec": {"containers": [{"name": "web", "image": "nginx"}]}
-                }}
-            }
-        }
-    })
-    .to_string()
-    .into_bytes()
 }
 
 type ReqBody = BoxBody<Bytes, Infallible>;
@@ -272,15 +179,10 @@ impl Http {
 
     /// Polls until the connection has ended; how long that took.
     async fn wait_closed(&self) -> Duration {
-        let started = Instant::now();
-        while !self.task.is_finished() {
-            assert!(
-                started.elapsed() < DEADLINE,
-                "the server never closed the connection"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        started.elapsed()
+        wait::eventually("the server to close the connection", async || {
+            self.task.is_finished()
+        })
+        .await
     }
 }
 
@@ -309,20 +211,6 @@ async fn trickle_raw(
     loop {
         write.write_all(b" ").await?;
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Reads until the server closes the connection (end of stream or an error), within DEADLINE;
-/// what it sent before.
-async fn read_to_close(stream: &mut (impl AsyncRead + Unpin)) -> Vec<u8> {
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        match tokio::time::timeout(DEADLINE, stream.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return seen,
-            Ok(Ok(n)) => seen.extend_from_slice(&buf[..n]),
-            Err(_) => panic!("the server did not close the connection within {DEADLINE:?}"),
-        }
     }
 }
 
@@ -623,16 +511,11 @@ fn review_with_filler(uid: &str, filler: usize) -> Vec<u8> {
 }
 
 /// Polls until the reviews in flight hold `bytes` of the memory budget.
-async fn wait_review_memory(server: &Server, bytes: usize) {
-    let deadline = Instant::now() + DEADLINE;
-    while server.running.review_memory_in_use() != bytes {
-        assert!(
-            Instant::now() < deadline,
-            "reviews hold {} bytes, not {bytes}",
-            server.running.review_memory_in_use()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+async fn wait_review_memory(server: &Served, bytes: usize) {
+    wait::eventually(&format!("reviews to hold {bytes} bytes"), async || {
+        server.running().review_memory_in_use() == bytes
+    })
+    .await;
 }
 
 /// Reviews share one memory budget (here its least, two of the largest bodies and a MiB). A
@@ -832,12 +715,13 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
     });
     // Not served while both slots are taken: give it a fair chance to be (a bounded check for
     // something that must not happen, not a wait).
-    let not_yet = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < not_yet {
-        assert!(!third.is_finished(), "the third connection was served");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(server.running.connections(), 2);
+    wait::throughout(
+        "the third connection waiting",
+        Duration::from_millis(300),
+        async || !third.is_finished(),
+    )
+    .await;
+    assert_eq!(server.running().connections(), 2);
     // The cap shows in the metrics: two open, and the port filled up at least once.
     assert!(server.metrics.connection_limit_hits() >= 1);
     let text = server.metrics.encode();
@@ -857,7 +741,7 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
     let mut third = Http::over(tls).await;
     third.review("third").await;
     second.review("second-again").await;
-    assert_eq!(server.running.connections(), 2);
+    assert_eq!(server.running().connections(), 2);
     assert!(
         server
             .metrics

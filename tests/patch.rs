@@ -1,26 +1,23 @@
 //! The JSONPatch builder: applying its patch to real-looking workloads gives exactly the expected
 //! object, touching nothing but the stamp and the marker.
 
+#[path = "common/build.rs"]
+mod build;
+
 use confighash::core::patch;
 use confighash::core::workload::WorkloadKind;
 use serde_json::{Value, json};
 
 const STAMP: &str = "v2:plain:8a197cfb21e9aa6bbcf94cf7eae326632e2e20d00aa81064c1ed75590e8bf482";
 
+/// Deployment `web` in `shop` (two replicas) whose pod template has `template_metadata`.
 fn deployment(template_metadata: Value) -> Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": template_metadata,
-                "spec": {"containers": [{"name": "web", "image": "nginx:1.27"}]}
-            }
-        }
-    })
+    build::deployment("web")
+        .labels(json!({"app": "web"}))
+        .spec("replicas", json!(2))
+        .image("nginx:1.27")
+        .template_metadata(template_metadata)
+        .json()
 }
 
 fn apply(obj: &Value, kind: WorkloadKind, stamp: Option<&str>, marker: bool) -> (Value, usize) {

@@ -2,40 +2,15 @@
 //! change here is a new recipe version, never an edit. v2 is what stamps are made with; v1 stays
 //! computable so stamps of earlier releases can be checked.
 
+#[path = "common/build.rs"]
+mod build;
+
 use std::collections::{BTreeMap, BTreeSet};
 
+use build::{binary_config_map, config_map, secret};
 use confighash::core::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
 use confighash::core::refs::{ObjectKind, ObjectRef, References, Selection};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-
-fn config_map(data: &[(&str, &str)], binary: &[(&str, &[u8])]) -> ConfigMap {
-    ConfigMap {
-        data: (!data.is_empty()).then(|| {
-            data.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        }),
-        binary_data: (!binary.is_empty()).then(|| {
-            binary
-                .iter()
-                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                .collect()
-        }),
-        ..Default::default()
-    }
-}
-
-fn secret(data: &[(&str, &str)]) -> Secret {
-    Secret {
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
-    }
-}
 
 fn keys(keys: &[&str]) -> Selection {
     Selection::Keys(keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>())
@@ -114,7 +89,7 @@ fn stamp(
 
 #[test]
 fn vector_1_whole_config_map_plain() {
-    let cm = config_map(&[("LOG_LEVEL", "info"), ("PORT", "8080")], &[]);
+    let cm = config_map("app-env", &[("LOG_LEVEL", "info"), ("PORT", "8080")]);
     assert_eq!(
         stamp(
             None,
@@ -128,7 +103,7 @@ fn vector_1_whole_config_map_plain() {
 #[test]
 fn vector_2_whole_config_map_with_key() {
     let key = StampKey::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
-    let cm = config_map(&[("LOG_LEVEL", "info"), ("PORT", "8080")], &[]);
+    let cm = config_map("app-env", &[("LOG_LEVEL", "info"), ("PORT", "8080")]);
     assert_eq!(
         stamp(
             Some(&key),
@@ -153,12 +128,16 @@ fn vector_3_keys_absent_object_secret_and_binary_data() {
                 (
                     ObjectKind::Secret,
                     "db",
-                    Obj::Secret(secret(&[("password", "s3cret"), ("user", "app")]))
+                    Obj::Secret(secret("db", &[("password", b"s3cret"), ("user", b"app")]))
                 ),
                 (
                     ObjectKind::ConfigMap,
                     "logo",
-                    Obj::Cm(config_map(&[], &[("logo.png", &[0x89, 0x50, 0x4e, 0x47])]))
+                    Obj::Cm(binary_config_map(
+                        "logo",
+                        &[],
+                        &[("logo.png", &[0x89, 0x50, 0x4e, 0x47])]
+                    ))
                 ),
             ]
         ),
@@ -183,7 +162,7 @@ fn vector_5_missing_key_of_present_config_map() {
             &[(
                 ObjectKind::ConfigMap,
                 "cfg",
-                Obj::Cm(config_map(&[("present", "1")], &[]))
+                Obj::Cm(config_map("cfg", &[("present", "1")]))
             )]
         ),
         "v1:plain:f6a79d938a2eeb7eecc95e9e1455da9f77861d29faf76bd32bbb46162b964dfc"
@@ -199,7 +178,7 @@ fn vector_6_empty_config_map() {
             &[(
                 ObjectKind::ConfigMap,
                 "empty",
-                Obj::Cm(config_map(&[], &[]))
+                Obj::Cm(config_map("empty", &[]))
             )]
         ),
         "v1:plain:60f01de9ad4dc90e7879266d3e5ae6d7e728ec0c21deb0c12791fde01ebaee8a"
@@ -215,7 +194,7 @@ fn vector_7_whole_tls_secret() {
             &[(
                 ObjectKind::Secret,
                 "tls",
-                Obj::Secret(secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]))
+                Obj::Secret(secret("tls", &[("tls.crt", b"CERT"), ("tls.key", b"KEY")]))
             )]
         ),
         "v1:plain:729b2a4ea25068f934c7e39ceea7b27b95e82ce7bca6ecbc2a81088ea8fb8c43"
@@ -225,7 +204,7 @@ fn vector_7_whole_tls_secret() {
 // Recipe v2: the inputs of the v1 vectors, in namespace `default` unless said, and vector 8.
 
 fn test_key() -> StampKey {
-    StampKey::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap()
+    build::key()
 }
 
 /// References and objects, as `stamp_with` takes them.
@@ -235,7 +214,7 @@ type Inputs = (
 );
 
 fn vector_1_inputs() -> Inputs {
-    let cm = config_map(&[("LOG_LEVEL", "info"), ("PORT", "8080")], &[]);
+    let cm = config_map("app-env", &[("LOG_LEVEL", "info"), ("PORT", "8080")]);
     (
         vec![(ObjectKind::ConfigMap, "app-env", Selection::Whole)],
         vec![(ObjectKind::ConfigMap, "app-env", Obj::Cm(cm))],
@@ -284,12 +263,16 @@ fn v2_vector_3_keys_absent_object_secret_and_binary_data() {
                 (
                     ObjectKind::Secret,
                     "db",
-                    Obj::Secret(secret(&[("password", "s3cret"), ("user", "app")]))
+                    Obj::Secret(secret("db", &[("password", b"s3cret"), ("user", b"app")]))
                 ),
                 (
                     ObjectKind::ConfigMap,
                     "logo",
-                    Obj::Cm(config_map(&[], &[("logo.png", &[0x89, 0x50, 0x4e, 0x47])]))
+                    Obj::Cm(binary_config_map(
+                        "logo",
+                        &[],
+                        &[("logo.png", &[0x89, 0x50, 0x4e, 0x47])]
+                    ))
                 ),
             ]
         ),
@@ -315,7 +298,7 @@ fn v2_vector_5_missing_key_of_present_config_map() {
             &[(
                 ObjectKind::ConfigMap,
                 "cfg",
-                Obj::Cm(config_map(&[("present", "1")], &[]))
+                Obj::Cm(config_map("cfg", &[("present", "1")]))
             )]
         ),
         "v2:plain:b001b3bdc33d959c442b6b811a01d056933aaab954b4491926a1c80e6e274abe"
@@ -332,7 +315,7 @@ fn v2_vector_6_empty_config_map() {
             &[(
                 ObjectKind::ConfigMap,
                 "empty",
-                Obj::Cm(config_map(&[], &[]))
+                Obj::Cm(config_map("empty", &[]))
             )]
         ),
         "v2:plain:4be2dec3882d3d899862dfec14c7f36c517c942afa443e1cea089538456cc759"
@@ -349,7 +332,7 @@ fn v2_vector_7_whole_tls_secret() {
             &[(
                 ObjectKind::Secret,
                 "tls",
-                Obj::Secret(secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]))
+                Obj::Secret(secret("tls", &[("tls.crt", b"CERT"), ("tls.key", b"KEY")]))
             )]
         ),
         "v2:plain:6512498eb316531d7cfaaaa38f0480704e3d8d395b79f0a6c871d68c4e10f750"

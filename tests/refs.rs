@@ -1,8 +1,12 @@
 //! Reference discovery (DESIGN "What counts as a reference"): one test per reference path, the
 //! merge rules, the extra-reference annotations, and discovery through every workload kind.
 
+#[path = "common/build.rs"]
+mod build;
+
 use std::collections::{BTreeMap, BTreeSet};
 
+use build::workload;
 use confighash::core::names::{EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION};
 use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
 use confighash::core::workload::{self, Analysis, WorkloadInfo, WorkloadKind};
@@ -1156,43 +1160,16 @@ fn expected_workload_refs() -> Vec<Row> {
     ]
 }
 
-fn pod_template_json() -> Value {
-    json!({
-        "metadata": {"labels": {"app": "web"}},
-        "spec": pod_spec_json()
-    })
-}
-
+/// `web` in `prod`, of `kind`, with `labels`, the pod spec of [`pod_spec_json`], and one more
+/// ConfigMap and two more Secrets (one not an object name) named in annotations.
 fn workload_json(kind: WorkloadKind, labels: Value) -> Value {
-    let api_version = match kind {
-        WorkloadKind::Deployment | WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => "apps/v1",
-        WorkloadKind::CronJob => "batch/v1",
-        WorkloadKind::Rollout => "argoproj.io/v1alpha1",
-    };
-    let spec = match kind {
-        WorkloadKind::CronJob => json!({
-            "schedule": "*/5 * * * *",
-            "jobTemplate": {"spec": {"template": pod_template_json()}}
-        }),
-        _ => json!({
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": pod_template_json()
-        }),
-    };
-    json!({
-        "apiVersion": api_version,
-        "kind": kind.kind(),
-        "metadata": {
-            "name": "web",
-            "namespace": "prod",
-            "labels": labels,
-            "annotations": {
-                EXTRA_CONFIGMAPS_ANNOTATION: "extra-cm",
-                EXTRA_SECRETS_ANNOTATION: "extra-secret, Invalid_Name"
-            }
-        },
-        "spec": spec
-    })
+    workload(kind, "web")
+        .in_namespace("prod")
+        .labels(labels)
+        .extra_config_maps(&["extra-cm"])
+        .extra_secrets(&["extra-secret", "Invalid_Name"])
+        .pod_spec(pod_spec_json())
+        .json()
 }
 
 fn workload_info(kind: WorkloadKind, obj: &Value) -> WorkloadInfo {

@@ -1,16 +1,16 @@
 //! The stamp rules of DESIGN "When a stamp changes", one table row per case, and the upgrade
 //! from recipe v1 as properties over sequences of events.
 
+#[path = "common/build.rs"]
+mod build;
+
+use build::key;
 use confighash::core::checksum::{self, Recipe, Stamp, StampKey};
 use confighash::core::refs::{ObjectKind, References, Selection};
 use confighash::core::rules::{
     Current, Decision, Lookup, Options, Outcome, Trigger, decide, needs_v1,
 };
 use proptest::prelude::*;
-
-fn key() -> StampKey {
-    StampKey::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap()
-}
 
 /// The workloads' namespace.
 const NS: &str = "shop";

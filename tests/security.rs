@@ -4,42 +4,42 @@
 //! references resolve in the workload's own namespace only; the TLS parameters; the size and time
 //! limits of the webhook port; and what the admin port serves.
 
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/harness.rs"]
+mod harness;
 #[path = "e2e/support.rs"]
 mod support;
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use apiserver::TestCerts;
 use apiserver::https::Reply;
-use apiserver::{ApiServer, HttpsClient, TestCerts};
 use base64::Engine;
-use confighash::admin::health::Health;
-use confighash::admin::metrics::Metrics;
-use confighash::certs::key::{self, KeyStore};
+use build::{Review, config_map, patch_of, secret, stamp_of};
+use confighash::certs::key;
 use confighash::core::checksum::{self, ObjectView, RefState, StampKey};
+use confighash::core::names::CHECKSUM_ANNOTATION as STAMP;
 use confighash::core::refs::ObjectKind;
 use confighash::core::workload::{self, Analysis, WorkloadKind};
-use confighash::webhook::admission::{MAX_BODY, Webhook};
-use confighash::webhook::lookup::KubeSource;
-use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash::webhook::admission::MAX_BODY;
 use confighash::webhook::tls::CertStore;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use harness::{Harness, ServeSettings, Served};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use rustls::pki_types::ServerName;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use rustls::{CipherSuite, NamedGroup};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::client::TlsStream;
 
 /// The installation's key in the webhook tests below.
 const KEY: &[u8] = b"security.rs: a key of 32 bytes!!";
-const STAMP: &str = "confighash.dev/checksum";
 /// The namespace of the webhook tests' workloads. It carries no opt-in label: the webhook does
 /// not read labels, the API server's namespaceSelector does.
 const NS: &str = "vault";
@@ -51,123 +51,41 @@ const DEADLINE: Duration = Duration::from_secs(10);
 // ---------------------------------------------------------------------------------------------
 // The webhook over TLS, with referenced objects in the in-memory API server
 
-struct Harness {
-    client: kube::Client,
-    https: HttpsClient,
-    url: String,
-    addr: SocketAddr,
-    admin: String,
-    ca_pem: String,
-    _api: ApiServer,
-    _running: Running,
-    _dir: tempfile::TempDir,
+/// The in-memory API server with namespaces `vault` and `elsewhere`, and a webhook reading it
+/// served over TLS.
+struct Setup {
+    cluster: Harness,
+    served: Served,
 }
 
-async fn harness() -> Harness {
-    let api = ApiServer::start().await;
-    let client = api.client();
-    for ns in [NS, "elsewhere"] {
-        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
+impl Deref for Setup {
+    type Target = Served;
+
+    fn deref(&self) -> &Served {
+        &self.served
     }
-    let certs = TestCerts::generate();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
-    std::fs::write(dir.path().join("tls.key"), &certs.key_pem).unwrap();
-    let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key")).unwrap();
-    let webhook = Arc::new(
-        Webhook::new(
-            Arc::new(KubeSource::new(client.clone())),
-            Arc::new(KeyStore::new(StampKey::new(KEY.to_vec()).unwrap())),
-            Arc::new(Metrics::new()),
-        )
-        .with_lookup_deadline(Duration::from_secs(2)),
-    );
-    let running = serve::start(ServeConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: "127.0.0.1:0".parse().unwrap(),
-        certs: store,
-        client_ca: None,
+}
+
+async fn harness() -> Setup {
+    let cluster = Harness::start(&[NS, "elsewhere"], KEY).await;
+    let webhook = cluster
+        .webhook()
+        .with_lookup_deadline(Duration::from_secs(2));
+    let served = harness::serve(
         webhook,
-        health: Arc::new(Health::default()),
-        cert_poll: Duration::from_secs(60),
-        header_read_timeout: HEADER_TIMEOUT,
-        drain_timeout: Duration::from_secs(1),
-    })
-    .await
-    .unwrap();
-    Harness {
-        client,
-        https: HttpsClient::new(&certs.ca_pem),
-        url: format!("https://127.0.0.1:{}/mutate", running.webhook_addr.port()),
-        addr: running.webhook_addr,
-        admin: format!("http://{}", running.admin_addr),
-        ca_pem: certs.ca_pem,
-        _api: api,
-        _running: running,
-        _dir: dir,
-    }
+        ServeSettings {
+            header_read_timeout: HEADER_TIMEOUT,
+            ..ServeSettings::default()
+        },
+    )
+    .await;
+    Setup { cluster, served }
 }
 
-impl Harness {
+impl Setup {
     /// Creates or replaces Secret `name` in `namespace` with `data` (decoded bytes).
     async fn secret(&self, namespace: &str, name: &str, data: &[(&str, &[u8])]) {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let mut secret = secret_object(name, data);
-        match api.get_opt(name).await.unwrap() {
-            Some(old) => {
-                secret.metadata.resource_version = old.metadata.resource_version;
-                api.replace(name, &PostParams::default(), &secret)
-                    .await
-                    .unwrap();
-            }
-            None => {
-                api.create(&PostParams::default(), &secret).await.unwrap();
-            }
-        }
-    }
-
-    async fn post(&self, body: &Value) -> Reply {
-        let reply = self
-            .https
-            .post(&self.url, body.to_string().into_bytes())
-            .await
-            .unwrap();
-        assert_eq!(
-            reply.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        reply
-    }
-
-    /// A TLS connection to the webhook port that has finished its handshake.
-    async fn tls(&self, alpn: &[u8]) -> TlsStream<TcpStream> {
-        let config = apiserver::https::client_config(&self.ca_pem, &[alpn]);
-        let tcp = TcpStream::connect(self.addr).await.unwrap();
-        tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(ServerName::try_from("localhost").unwrap(), tcp)
-            .await
-            .expect("a TLS handshake")
-    }
-}
-
-fn secret_object(name: &str, data: &[(&str, &[u8])]) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                .collect(),
-        ),
-        ..Default::default()
+        self.cluster.put(namespace, secret(name, data)).await;
     }
 }
 
@@ -184,68 +102,21 @@ fn deployment_reading(
     key: &str,
     template_annotations: Value,
 ) -> Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}, "annotations": template_annotations},
-                "spec": {"containers": [{
-                    "name": "web",
-                    "image": "example/web:1",
-                    "env": [{"name": "DB_PASSWORD",
-                             "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}]
-                }]}
-            }
-        }
-    })
-}
-
-fn review(operation: &str, object: &Value, old: Option<&Value>) -> Value {
-    static UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    let uid = UID.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("uid-{uid}"),
-            "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-            "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
-            "name": "web",
-            "namespace": object["metadata"]["namespace"],
-            "operation": operation,
-            "userInfo": {"username": "someone"},
-            "object": object,
-            "oldObject": old.cloned().unwrap_or(Value::Null),
-            "dryRun": false
-        }
-    })
+    build::deployment("web")
+        .in_namespace(namespace)
+        .secret_key("DB_PASSWORD", secret, key)
+        .template_annotations(template_annotations)
+        .json()
 }
 
 /// The object of `body` with the reply's patch applied, and the decoded patch's bytes.
 fn patched(body: &Value, reply: &Reply) -> (Value, Vec<u8>) {
-    let response = &reply.json()["response"];
-    assert_eq!(response["allowed"], true);
-    let mut object = body["request"]["object"].clone();
-    let Some(encoded) = response["patch"].as_str() else {
-        return (object, Vec::new());
-    };
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .unwrap();
-    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
-    json_patch::patch(&mut object, &patch).unwrap();
-    (object, bytes)
-}
-
-fn stamp_of(object: &Value) -> Option<String> {
-    object
-        .pointer("/spec/template/metadata/annotations")?
-        .get(STAMP)?
-        .as_str()
-        .map(str::to_owned)
+    let reply = reply.json();
+    assert_eq!(reply["response"]["allowed"], true);
+    (
+        build::patched(&body["request"]["object"], &reply),
+        patch_of(&reply).unwrap_or_default(),
+    )
 }
 
 /// The stamp of `object` (a Deployment) with `key`, Secret `db` as given and nothing else present.
@@ -310,11 +181,11 @@ fn assert_reveals_none(what: &str, haystack: &[u8], values: &[&[u8]]) {
 async fn a_stamp_shows_no_value_and_only_the_keys_holder_can_test_a_guess() {
     let h = harness().await;
     let value: &[u8] = b"hunter2-correct-horse";
-    let db = secret_object("db", &[("password", value), ("user", b"app")]);
+    let db = secret("db", &[("password", value), ("user", b"app")]);
     h.secret(NS, "db", &[("password", value), ("user", b"app")])
         .await;
     let object = deployment(NS, json!({}));
-    let body = review("CREATE", &object, None);
+    let body = Review::create(&object).json();
     let reply = h.post(&body).await;
     let (stamped, patch) = patched(&body, &reply);
     let stamp = stamp_of(&stamped).expect("stamped at CREATE");
@@ -336,14 +207,14 @@ async fn a_stamp_shows_no_value_and_only_the_keys_holder_can_test_a_guess() {
         digest_of(&stamp)
     );
     // With the key, a wrong guess gives another stamp.
-    let guess = secret_object("db", &[("password", b"hunter3-correct-horse")]);
+    let guess = secret("db", &[("password", b"hunter3-correct-horse")]);
     assert_ne!(stamp_for(Some(&key), &object, &guess), stamp);
 
     // What a stamp does show: that a referenced value changed.
     let changed: &[u8] = b"rotated-password-2";
     h.secret(NS, "db", &[("password", changed), ("user", b"app")])
         .await;
-    let body = review("CREATE", &object, None);
+    let body = Review::create(&object).json();
     let reply = h.post(&body).await;
     let again = stamp_of(&patched(&body, &reply).0).unwrap();
     assert_ne!(again, stamp);
@@ -357,7 +228,7 @@ async fn a_stamp_shows_no_value_and_only_the_keys_holder_can_test_a_guess() {
 async fn the_webhook_replaces_an_unkeyed_stamp_it_is_sent() {
     let h = harness().await;
     let value: &[u8] = b"s3cret";
-    let db = secret_object("db", &[("password", value)]);
+    let db = secret("db", &[("password", value)]);
     h.secret(NS, "db", &[("password", value)]).await;
     let key = StampKey::new(KEY.to_vec()).unwrap();
     let keyed = stamp_for(Some(&key), &deployment(NS, json!({})), &db);
@@ -365,20 +236,20 @@ async fn the_webhook_replaces_an_unkeyed_stamp_it_is_sent() {
     assert!(plain.starts_with("v2:plain:"), "{plain}");
 
     let object = deployment(NS, json!({ STAMP: plain }));
-    let body = review("CREATE", &object, None);
+    let body = Review::create(&object).json();
     let (created, _) = patched(&body, &h.post(&body).await);
     assert_eq!(stamp_of(&created).as_deref(), Some(keyed.as_str()));
 
     // A sync of a manifest that carries the offline stamp, template otherwise unchanged.
-    let body = review("UPDATE", &object, Some(&created));
+    let body = Review::update(&object, &created).json();
     let (updated, patch) = patched(&body, &h.post(&body).await);
     assert!(!patch.is_empty(), "the plain stamp is replaced");
     assert_eq!(stamp_of(&updated).as_deref(), Some(keyed.as_str()));
 }
 
 /// The stamp the webhook gives a CREATE of `object`.
-async fn webhook_stamp(h: &Harness, object: &Value) -> String {
-    let body = review("CREATE", object, None);
+async fn webhook_stamp(h: &Setup, object: &Value) -> String {
+    let body = Review::create(object).json();
     stamp_of(&patched(&body, &h.post(&body).await).0).expect("stamped at CREATE")
 }
 
@@ -418,7 +289,7 @@ async fn the_same_secret_value_in_two_namespaces_gives_different_stamps() {
         let view = ObjectView::secret(db);
         checksum::compute_stamp_v1(Some(&key), &info.refs, |_| RefState::Present(&view))
     };
-    let db = secret_object("db", &[("password", value)]);
+    let db = secret("db", &[("password", value)]);
     assert_eq!(v1(&deployment(NS, json!({})), &db), v1(&mine, &db));
     // And v2 over the same inputs is what the webhook gave.
     assert_eq!(
@@ -471,7 +342,7 @@ async fn a_kept_v1_stamp_still_answers_guesses_until_it_is_replaced() {
     else {
         panic!("not a workload")
     };
-    let db = secret_object("db", &[("password", value)]);
+    let db = secret("db", &[("password", value)]);
     let view = ObjectView::secret(&db);
     let v1 = checksum::compute_stamp_v1(Some(&key), &info.refs, |_| RefState::Present(&view))
         .to_string();
@@ -479,7 +350,7 @@ async fn a_kept_v1_stamp_still_answers_guesses_until_it_is_replaced() {
     let mine = deployment("elsewhere", json!({ STAMP: v1 }));
     for (guess, right) in [(&b"letmein"[..], false), (value, true)] {
         h.secret("elsewhere", "db", &[("password", guess)]).await;
-        let body = review("UPDATE", &mine, Some(&mine));
+        let body = Review::update(&mine, &mine).json();
         let (after, patch) = patched(&body, &h.post(&body).await);
         assert_eq!(
             patch.is_empty(),
@@ -698,10 +569,7 @@ async fn references_resolve_in_the_workloads_own_namespace_only() {
         else {
             panic!("not a workload")
         };
-        let cm: ConfigMap = serde_json::from_value(
-            json!({"metadata": {"name": "app-env"}, "data": {"LOG_LEVEL": "info"}}),
-        )
-        .unwrap();
+        let cm = config_map("app-env", &[("LOG_LEVEL", "info")]);
         let view = ObjectView::config_map(&cm).unwrap();
         let key = StampKey::new(support::KEY.to_vec()).unwrap();
         let absent = checksum::compute_stamp(Some(&key), "team-a", &info.refs, |r| match r.kind {
@@ -901,7 +769,7 @@ async fn read_status(stream: &mut (impl AsyncRead + Unpin)) -> u16 {
 async fn oversized_bodies_are_refused_declared_or_streamed() {
     let h = harness().await;
 
-    let mut tls = h.tls(b"http/1.1").await;
+    let mut tls = h.tls(&[b"http/1.1"]).await;
     let head = format!(
         "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
          content-length: {}\r\n\r\n",
@@ -910,7 +778,7 @@ async fn oversized_bodies_are_refused_declared_or_streamed() {
     tls.write_all(head.as_bytes()).await.unwrap();
     assert_eq!(read_status(&mut tls).await, 413);
 
-    let tls = h.tls(b"http/1.1").await;
+    let tls = h.tls(&[b"http/1.1"]).await;
     let (mut read, mut write) = tokio::io::split(tls);
     let writer = tokio::spawn(async move {
         write
@@ -942,7 +810,7 @@ async fn oversized_bodies_are_refused_declared_or_streamed() {
 #[tokio::test]
 async fn a_client_that_stops_inside_its_request_headers_is_cut_off() {
     let h = harness().await;
-    let mut tls = h.tls(b"http/1.1").await;
+    let mut tls = h.tls(&[b"http/1.1"]).await;
     tls.write_all(b"POST /mutate HTTP/1.1\r\nhost: localhost\r\n")
         .await
         .unwrap();

@@ -1,6 +1,11 @@
 //! `--self-signed-certs` against the in-memory API server: replicas agree on one CA, the caBundle
 //! is published, and renewal and CA rotation never fail a request made with the published bundle.
 
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/wait.rs"]
+mod wait;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,19 +20,14 @@ use confighash::webhook::lookup::KubeSource;
 use confighash::webhook::server::{self as serve, ServeConfig};
 use confighash::webhook::tls::CertStore;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
 async fn cluster() -> (ApiServer, kube::Client) {
     let api = ApiServer::start().await;
     let client = api.client();
-    let ns: Namespace =
-        serde_json::from_value(json!({"metadata": {"name": "confighash"}})).unwrap();
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
+    build::create_namespace(&client, "confighash", &[]).await;
     let mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
         "metadata": {"name": "confighash"},
         "webhooks": [{
@@ -212,18 +212,11 @@ async fn renewal_and_ca_rotation_fail_no_request() {
         + "-----END CERTIFICATE-----\n";
     assert!(!new_ca.contains(first_ca.trim()));
     let only_new = HttpsClient::new(&new_ca);
-    let start = tokio::time::Instant::now();
-    while only_new
-        .post(&format!("https://localhost:{port}/mutate"), b"{}".to_vec())
-        .await
-        .is_err()
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the new certificate was never served"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let url = format!("https://localhost:{port}/mutate");
+    wait::eventually("the new certificate to be served", async || {
+        only_new.post(&url, b"{}".to_vec()).await.is_ok()
+    })
+    .await;
     // Step 3: once replicas have had two checks to load it, the old CA leaves the bundle (the
     // certificate is back-dated five minutes, so with a 1 ms check that time has passed).
     let mut finish = renew.clone();

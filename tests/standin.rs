@@ -1,13 +1,19 @@
 //! Tests of the in-memory API server itself, through a real `kube::Client`: the evidence that it
 //! behaves like kube-apiserver where confighash relies on it.
 
+#[path = "common/build.rs"]
+mod build;
+#[path = "common/wait.rs"]
+mod wait;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use apiserver::{ApiServer, TestWebhook};
+use build::{config_map, create_namespace};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
@@ -15,71 +21,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use wait::DEADLINE;
 
-const DEADLINE: Duration = Duration::from_secs(10);
-
-/// Polls `check` until it holds or the deadline passes.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn namespace(client: &Client, name: &str, labels: &[(&str, &str)]) {
-    let ns = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .expect("namespace created");
-}
-
-fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
-    ConfigMap {
-        metadata: kube::api::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        data: Some(
-            data.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        ),
-        ..Default::default()
-    }
-}
-
+/// Deployment `name` (labelled `app: <name>`) without a namespace, as a typed object.
 fn deployment(name: &str) -> Deployment {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": "example/app:1"}]}
-            }
-        }
-    }))
-    .unwrap()
+    build::deployment(name)
+        .without_namespace()
+        .labels(json!({"app": name}))
+        .typed()
 }
 
 fn api_code(err: kube::Error) -> u16 {
@@ -93,7 +42,7 @@ fn api_code(err: kube::Error) -> u16 {
 async fn create_get_list_patch_delete() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "shop", &[]).await;
+    create_namespace(&client, "shop", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "shop");
 
     let created = cms
@@ -152,7 +101,7 @@ async fn create_get_list_patch_delete() {
 async fn generate_name_and_invalid_names() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     let mut cm = config_map("", &[]);
     cm.metadata.name = None;
@@ -176,7 +125,7 @@ async fn generate_name_and_invalid_names() {
 async fn list_pages_with_limit_and_continue() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     for i in 0..7 {
         cms.create(&PostParams::default(), &config_map(&format!("cm-{i}"), &[]))
@@ -225,8 +174,8 @@ async fn list_pages_with_limit_and_continue() {
 async fn label_and_field_selectors() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "a", &[]).await;
-    namespace(&client, "b", &[]).await;
+    create_namespace(&client, "a", &[]).await;
+    create_namespace(&client, "b", &[]).await;
     for ns in ["a", "b"] {
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
         for (name, tier) in [("one", "web"), ("two", "db"), ("three", "web")] {
@@ -293,7 +242,7 @@ async fn label_and_field_selectors() {
 async fn update_conflicts_on_a_stale_resource_version() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     let first = cms
         .create(&PostParams::default(), &config_map("c", &[("k", "1")]))
@@ -324,7 +273,7 @@ async fn update_conflicts_on_a_stale_resource_version() {
 async fn every_patch_type() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let deploys: Api<Deployment> = Api::namespaced(client, "ns");
     deploys
         .create(&PostParams::default(), &deployment("web"))
@@ -434,7 +383,7 @@ async fn every_patch_type() {
 async fn identical_writes_store_nothing() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     let cm = cms
         .create(&PostParams::default(), &config_map("c", &[("k", "1")]))
@@ -458,7 +407,7 @@ async fn identical_writes_store_nothing() {
 async fn rollouts_count_template_transitions() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let deploys: Api<Deployment> = Api::namespaced(client, "ns");
     deploys
         .create(&PostParams::default(), &deployment("web"))
@@ -525,7 +474,7 @@ async fn rollouts_count_template_transitions() {
 async fn watch_resumes_after_a_dropped_stream_and_reports_410() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     let start = cms
         .list(&ListParams::default())
@@ -608,7 +557,7 @@ async fn watch_resumes_after_a_dropped_stream_and_reports_410() {
 async fn watch_sends_bookmarks_and_selector_transitions() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     let mut cm = config_map("c", &[]);
     cm.metadata.labels = Some(BTreeMap::from([("watched".into(), "yes".into())]));
@@ -646,7 +595,7 @@ async fn watch_sends_bookmarks_and_selector_transitions() {
 async fn runtime_watcher_survives_drops_and_compaction() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
     let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
     let task = {
@@ -671,18 +620,18 @@ async fn runtime_watcher_survives_drops_and_compaction() {
     cms.create(&PostParams::default(), &config_map("first", &[]))
         .await
         .unwrap();
-    eventually("first", has("first")).await;
+    wait::eventually("first", has("first")).await;
     server.close_watches();
     cms.create(&PostParams::default(), &config_map("second", &[]))
         .await
         .unwrap();
-    eventually("second after a dropped watch", has("second")).await;
+    wait::eventually("second after a dropped watch", has("second")).await;
     server.compact();
     server.close_watches();
     cms.create(&PostParams::default(), &config_map("third", &[]))
         .await
         .unwrap();
-    eventually("third after 410", has("third")).await;
+    wait::eventually("third after 410", has("third")).await;
     task.abort();
 }
 
@@ -690,7 +639,7 @@ async fn runtime_watcher_survives_drops_and_compaction() {
 async fn the_event_recorder_publishes_events() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let deploys: Api<Deployment> = Api::namespaced(client.clone(), "ns");
     let d = deploys
         .create(&PostParams::default(), &deployment("web"))
@@ -736,7 +685,7 @@ async fn the_event_recorder_publishes_events() {
 async fn injected_faults_and_delays() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "ns", &[]).await;
+    create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
     cms.create(&PostParams::default(), &config_map("c", &[]))
         .await
@@ -826,8 +775,8 @@ fn template_annotation(d: &Deployment, key: &str) -> Option<String> {
 async fn a_registered_webhook_mutates_and_its_change_counts_as_a_rollout() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
-    namespace(&client, "off", &[]).await;
+    create_namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    create_namespace(&client, "off", &[]).await;
     let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
     register(&client, hook.configuration("confighash", "Fail")).await;
 
@@ -910,7 +859,7 @@ async fn a_registered_webhook_mutates_and_its_change_counts_as_a_rollout() {
 async fn an_unreachable_webhook_follows_its_failure_policy() {
     let server = ApiServer::start().await;
     let client = server.client();
-    namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    create_namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
     let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
     let unreachable = |policy: &str| {
         let mut c = hook.configuration("confighash", policy);
@@ -943,8 +892,8 @@ async fn an_unreachable_webhook_follows_its_failure_policy() {
 async fn rbac_denies_what_the_roles_do_not_allow() {
     let server = ApiServer::start().await;
     let admin = server.client();
-    namespace(&admin, "a", &[]).await;
-    namespace(&admin, "b", &[]).await;
+    create_namespace(&admin, "a", &[]).await;
+    create_namespace(&admin, "b", &[]).await;
     for ns in ["a", "b"] {
         Api::<ConfigMap>::namespaced(admin.clone(), ns)
             .create(&PostParams::default(), &config_map("c", &[]))

@@ -1,6 +1,9 @@
 //! The serving certificate store over real sockets: protocol versions, ALPN, hot reload from a
 //! kubelet-style Secret volume, bad new pairs, and the local CA from `confighash certs`.
 
+#[path = "common/wait.rs"]
+mod wait;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -21,8 +24,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
-
-const DEADLINE: Duration = Duration::from_secs(10);
+use wait::DEADLINE;
 
 // ---------------------------------------------------------------------------------------------
 // Certificates
@@ -214,21 +216,6 @@ async fn fetch_once(
         return Err(format!("unexpected body {body:?}"));
     }
     Ok(leaf)
-}
-
-/// Poll `check` until it holds or the deadline passes.
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -440,12 +427,12 @@ async fn kubelet_secret_rotation_is_served_without_failed_requests() {
         }
     });
 
-    eventually("requests with the old certificate", async || {
+    wait::eventually("requests with the old certificate", async || {
         seen_old.load(Ordering::SeqCst) >= 5
     })
     .await;
     volume.update(&new.cert_pem, &new.key_pem);
-    eventually("the new certificate to be served", async || {
+    wait::eventually("the new certificate to be served", async || {
         seen_new.load(Ordering::SeqCst) >= 5
     })
     .await;

@@ -1,16 +1,21 @@
 //! Workload helpers the webhook uses on UPDATE: the old object's stamp and marker, and whether
 //! the template changed apart from the stamp.
 
+#[path = "common/build.rs"]
+mod build;
+
+use confighash::core::names::{UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
 use confighash::core::workload::{self, WorkloadKind};
 use serde_json::{Value, json};
 
+/// Deployment `web`, marked unstamped, whose pod template has `template_metadata` and runs
+/// `image`.
 fn deployment(template_metadata: Value, image: &str) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web", "annotations": {"confighash.dev/unstamped": "lookup-failed"}},
-        "spec": {"template": {"metadata": template_metadata,
-                              "spec": {"containers": [{"name": "web", "image": image}]}}}
-    })
+    build::deployment("web")
+        .annotation(UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED)
+        .template_metadata(template_metadata)
+        .image(image)
+        .json()
 }
 
 #[test]

@@ -14,6 +14,9 @@
 //!   running the key, leader election, certificate, lookup and watcher code as the
 //!   installation's ServiceAccount against the in-memory API server with that RBAC enforced.
 
+#[path = "wait.rs"]
+mod wait;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1213,16 +1216,8 @@ pub fn check_rbac(rbac: &str, install: &Install, self_signed: bool) {
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = tokio::time::Instant::now();
-    while !check().await {
-        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually(what: &str, check: impl AsyncFnMut() -> bool) {
+    wait::eventually_within(what, DEADLINE, check).await;
 }
 
 async fn create_namespace(admin: &kube::Client, name: &str, labels: &[(&str, &str)]) {
