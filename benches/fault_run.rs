@@ -7,7 +7,7 @@
 //!
 //! 1. Setup: opted-in namespaces, a pool of ConfigMaps and Secrets per namespace, and workloads
 //!    (mostly Deployments, some StatefulSets and DaemonSets) referencing a few of them in every
-//!    form DESIGN.md lists: envFrom, key references, mounted volumes (whole or `items`), projected
+//!    form the README lists: envFrom, key references, mounted volumes (whole or `items`), projected
 //!    volumes, initContainers, the extra-configmaps annotation, optional references (to objects
 //!    that exist and to objects that never do), and volumes declared but not mounted (no
 //!    reference). Every workload is stamped by the webhook at CREATE; then the replicas start.

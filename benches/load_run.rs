@@ -26,7 +26,7 @@
 //!    conditions moved while phase 2 ran. The report gives phase 2's percentiles as ratios to
 //!    each baseline's.
 //!
-//! Every reply is checked after the phase, against what DESIGN's stamp rules require. To know
+//! Every reply is checked after the phase, against what the stamp rules (README, "When a stamp changes") require. To know
 //! which reviews saw a lookup error, each review in flight uses a namespace no other review in
 //! flight uses (a free one is picked at send time); the stand-in records the namespace, name and
 //! time of every request it failed, and each failure is matched to the one review of that

@@ -426,7 +426,7 @@ async fn rollouts_within(env: &Env, name: &str, n: u64, within: Duration) -> u64
     }
 }
 
-// DESIGN (rule 3 and "Touch"): a foreign stamp is replaced at the next config change the
+// README ("When a stamp changes", rule 3; "The watcher"): a foreign stamp is replaced at the next config change the
 // watcher acts on, and a touch whose stamp the webhook kept is retried. The retry is scheduled
 // with an empty change set, so `touch_due` decides it as `Trigger::Reconcile`, which keeps
 // foreign stamps: the retry is dropped and the change never lands.
@@ -453,7 +453,7 @@ async fn a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry() {
     assert!(stamp.starts_with(&format!("v2:{new_id}:")), "{stamp}");
 }
 
-// DESIGN ("Touch"): the Event names what changed. After a retry it says "its stamp was stale":
+// README ("The watcher"): the Event names what changed. After a retry it says "its stamp was stale":
 // the retry's `Pending` starts empty (its change set, and its attempt count, are dropped).
 #[tokio::test]
 async fn the_event_of_a_retried_touch_names_the_config_map() {

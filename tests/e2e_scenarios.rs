@@ -1,4 +1,4 @@
-//! End to end: the scenarios of DESIGN.md ("When a stamp changes", "Watcher behaviour"), one test
+//! End to end: the scenarios of the README ("When a stamp changes", "The watcher"), one test
 //! each, every one asserting rollout counts from the API server's accounting.
 //!
 //! "0 rollouts" is only asserted after `env.barrier(..)`, which proves the watcher has handled
@@ -192,7 +192,7 @@ async fn a_secret_rewritten_continuously_rolls_at_most_once_per_window() {
         .await;
     env.barrier("s5").await;
 
-    // DESIGN's "a Secret rewritten every second for 20 s with a 5 s window", scaled to the
+    // the README's "a Secret rewritten every second for 20 s with a 5 s window", scaled to the
     // test window: a write every WINDOW/4 for 5 x WINDOW (20 writes). Writes are scheduled from
     // the start, not after each other, so slow writes do not stretch the run into a sixth
     // window. Windows open at least WINDOW apart, so at most 5 open while writes arrive.

@@ -1,6 +1,6 @@
 //! End to end: upgrading from a release that stamped with recipe v1. Workloads carry `v1:` stamps
 //! made with the installation's key, written before this version starts; they are checked under
-//! v1 (DESIGN "Checksum recipe v2"), so the upgrade rolls nothing, and a config change made while
+//! v1 (docs/recipe.md, "Recipe v2"), so the upgrade rolls nothing, and a config change made while
 //! the new version takes over (a leader handover) rolls each dependent workload exactly once, to
 //! its v2 stamp.
 //!

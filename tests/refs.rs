@@ -1,4 +1,4 @@
-//! Reference discovery (DESIGN "What counts as a reference"): one test per reference path, the
+//! Reference discovery (README, "Workloads and references"): one test per reference path, the
 //! merge rules, the extra-reference annotations, and discovery through every workload kind.
 
 #[path = "common/build.rs"]

@@ -1,4 +1,4 @@
-//! The stamp rules of DESIGN "When a stamp changes", one table row per case, and the upgrade
+//! The stamp rules of the README's "When a stamp changes", one table row per case, and the upgrade
 //! from recipe v1 as properties over sequences of events.
 
 #[path = "common/build.rs"]

@@ -290,7 +290,7 @@ struct Mention<'a> {
     optional: bool,
 }
 
-/// DESIGN's "What counts as a reference", written as plainly as possible: list every mention,
+/// The README's "Workloads and references", written as plainly as possible: list every mention,
 /// then fold the mentions of each object.
 fn model(spec: &PodSpec, annotations: Option<&BTreeMap<String, String>>) -> References {
     let mut mentions = Vec::new();
