@@ -179,8 +179,8 @@ pub struct LeaderElection {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8443)),
-            admin_listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 8443)),
+            admin_listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 8080)),
             key: KeySource::Secret(DEFAULT_KEY_SECRET.to_owned()),
             certs: CertSource {
                 cert: PathBuf::from(DEFAULT_TLS_CERT),
