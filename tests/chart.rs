@@ -1169,3 +1169,27 @@ fn chart_versions_are_the_crates() {
     }
     described(values, &schema, "");
 }
+
+/// Chart.yaml's `kubeVersion` is the README's minimum: the oldest release whose API server knows
+/// every field the chart renders (`topologySpreadConstraints[].matchLabelKeys`, on by default
+/// from 1.27). helm refuses an older cluster instead of sending manifests it would reject.
+#[test]
+fn chart_refuses_clusters_older_than_the_minimum() {
+    let chart = dir_path(&chart_dir());
+    for (version, renders) in [("1.26.9", false), ("1.27.0", true), ("1.33.1", true)] {
+        let rendered = run_helm(&["template", "ch", &chart, "--kube-version", version], "{}");
+        assert_eq!(rendered.is_ok(), renders, "{version}: {rendered:?}");
+        if let Err(message) = rendered {
+            assert!(message.contains("kubeVersion"), "{version}: {message}");
+        }
+    }
+    let readme = read(&chart_dir().join("../../README.md"));
+    assert!(
+        readme.contains("1.27"),
+        "the README states the minimum the chart enforces"
+    );
+}
+
+fn dir_path(path: &Path) -> String {
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
