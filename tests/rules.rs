@@ -68,11 +68,8 @@ fn cur(stamp: Option<&str>, marker: bool) -> Current<'_> {
     Current { stamp, marker }
 }
 
-fn update<'a>(old: Current<'a>, template_unchanged: bool) -> Trigger<'a> {
-    Trigger::Update {
-        old,
-        template_unchanged,
-    }
+fn update(old: Current<'_>) -> Trigger<'_> {
+    Trigger::Update { old }
 }
 
 struct Case<'a> {
@@ -157,26 +154,20 @@ fn every_rule() {
             OK,
         ),
         case(
-            "update with a template change restamps",
-            update(cur(Some(STALE), false), false),
-            cur(Some(STALE), false),
-            OK,
-        ),
-        case(
             "update restores a dropped stamp",
-            update(cur(e, false), true),
+            update(cur(e, false)),
             none,
             OK,
         ),
         case(
             "update corrects a stale digest",
-            update(cur(Some(STALE), false), true),
+            update(cur(Some(STALE), false)),
             cur(Some(STALE), false),
             OK,
         ),
         case(
             "update already right gives no change",
-            update(cur(e, false), true),
+            update(cur(e, false)),
             cur(e, false),
             OK,
         )
@@ -215,28 +206,28 @@ fn every_rule() {
         .then(Some(STALE), true, Outcome::KeptOnError),
         case(
             "update lookup failed keeps the old stamp",
-            update(cur(Some(STALE), false), false),
+            update(cur(Some(STALE), false)),
             cur(Some(STALE), false),
             FAILED,
         )
         .then(Some(STALE), false, Outcome::KeptOnError),
         case(
             "update lookup failed re-adds a dropped stamp",
-            update(cur(Some(STALE), false), false),
+            update(cur(Some(STALE), false)),
             none,
             FAILED,
         )
         .then(Some(STALE), false, Outcome::KeptOnError),
         case(
             "update lookup failed undoes a touch",
-            update(cur(Some(STALE), false), true),
+            update(cur(Some(STALE), false)),
             cur(e, false),
             FAILED,
         )
         .then(Some(STALE), false, Outcome::KeptOnError),
         case(
             "update lookup failed keeps the marker",
-            update(cur(None, true), true),
+            update(cur(None, true)),
             none,
             FAILED,
         )
@@ -256,21 +247,21 @@ fn every_rule() {
         ),
         case(
             "update resolves the marker",
-            update(cur(None, true), true),
+            update(cur(None, true)),
             cur(None, true),
             OK,
         ),
         // Rule 2: a required reference is absent.
         case(
             "update keeps the stamp when a reference is absent",
-            update(cur(Some(STALE), false), false),
+            update(cur(Some(STALE), false)),
             cur(Some(STALE), false),
             ABSENT,
         )
         .then(Some(STALE), false, Outcome::KeptAbsent),
         case(
             "update re-adds the kept stamp",
-            update(cur(Some(STALE), false), true),
+            update(cur(Some(STALE), false)),
             none,
             ABSENT,
         )
@@ -311,34 +302,36 @@ fn every_rule() {
         // Rule 3: foreign stamps and workloads never stamped.
         case(
             "update keeps a foreign key stamp",
-            update(cur(Some(FOREIGN_KEY), false), true),
+            update(cur(Some(FOREIGN_KEY), false)),
             cur(Some(FOREIGN_KEY), false),
             OK,
         )
         .then(Some(FOREIGN_KEY), false, Outcome::KeptForeign),
         case(
             "update keeps a foreign recipe stamp",
-            update(cur(Some(FOREIGN_RECIPE), false), true),
+            update(cur(Some(FOREIGN_RECIPE), false)),
             cur(Some(FOREIGN_RECIPE), false),
             OK,
         )
         .then(Some(FOREIGN_RECIPE), false, Outcome::KeptForeign),
         case(
             "update re-adds a dropped foreign stamp",
-            update(cur(Some(FOREIGN_KEY), false), true),
+            update(cur(Some(FOREIGN_KEY), false)),
             none,
             OK,
         )
         .then(Some(FOREIGN_KEY), false, Outcome::KeptForeign),
+        // Only an update that carries a new stamp (the watcher's touch) replaces a foreign one: a
+        // template change cannot be told from a field another mutating webhook adds later.
         case(
-            "template change replaces a foreign stamp",
-            update(cur(Some(FOREIGN_KEY), false), false),
-            cur(Some(FOREIGN_KEY), false),
+            "an update carrying another foreign stamp is stamped",
+            update(cur(Some(FOREIGN_KEY), false)),
+            cur(Some(FOREIGN_RECIPE), false),
             OK,
         ),
         case(
             "touch replaces a foreign stamp",
-            update(cur(Some(FOREIGN_KEY), false), true),
+            update(cur(Some(FOREIGN_KEY), false)),
             cur(e, false),
             OK,
         )
@@ -372,15 +365,15 @@ fn every_rule() {
         .then(Some("v1:3eb1bd43:XYZ"), false, Outcome::KeptForeign),
         case(
             "update leaves a never-stamped workload",
-            update(none, true),
+            update(none),
             none,
             OK,
         )
         .then(None, false, Outcome::KeptUnstamped),
         case(
-            "template change stamps a never-stamped workload",
-            update(none, false),
-            none,
+            "a touch stamps a never-stamped workload",
+            update(none),
+            cur(Some(STALE), false),
             OK,
         ),
         case(
@@ -443,60 +436,54 @@ fn every_rule() {
         ),
         case(
             "update keeps a right v1 stamp",
-            update(cur(e1, false), true),
+            update(cur(e1, false)),
             cur(e1, false),
             OK,
         )
         .then(Some(EXPECTED_V1), false, Outcome::Unchanged),
         case(
             "update re-adds a dropped right v1 stamp",
-            update(cur(e1, false), true),
+            update(cur(e1, false)),
             none,
             OK,
         )
         .then(Some(EXPECTED_V1), false, Outcome::Stamped),
         case(
             "update undoes a touch of a right v1 stamp",
-            update(cur(e1, false), true),
+            update(cur(e1, false)),
             cur(e, false),
             OK,
         )
         .then(Some(EXPECTED_V1), false, Outcome::Stamped),
         case(
             "update puts a right v1 stamp back over another",
-            update(cur(e1, false), true),
+            update(cur(e1, false)),
             cur(Some(STALE_V1), false),
             OK,
         )
         .then(Some(EXPECTED_V1), false, Outcome::Stamped),
         case(
             "update replaces a stale v1 stamp",
-            update(cur(Some(STALE_V1), false), true),
+            update(cur(Some(STALE_V1), false)),
             cur(Some(STALE_V1), false),
             OK,
         ),
         case(
             "update replaces a dropped stale v1 stamp",
-            update(cur(Some(STALE_V1), false), true),
+            update(cur(Some(STALE_V1), false)),
             none,
             OK,
         ),
         case(
             "touch replaces a stale v1 stamp",
-            update(cur(Some(STALE_V1), false), true),
+            update(cur(Some(STALE_V1), false)),
             cur(e, false),
             OK,
         )
         .then(Some(EXPECTED), false, Outcome::Unchanged),
         case(
-            "template change writes v2 over a right v1 stamp",
-            update(cur(e1, false), false),
-            cur(e1, false),
-            OK,
-        ),
-        case(
             "a v1 stamp put back over a v2 stamp gives the v2 stamp",
-            update(cur(e, false), true),
+            update(cur(e, false)),
             cur(e1, false),
             OK,
         ),
@@ -508,7 +495,7 @@ fn every_rule() {
         ),
         case(
             "update lookup failed keeps a v1 stamp",
-            update(cur(Some(STALE_V1), false), true),
+            update(cur(Some(STALE_V1), false)),
             cur(e, false),
             FAILED,
         )
@@ -529,7 +516,7 @@ fn every_rule() {
         .then(Some(STALE_V1), false, Outcome::KeptAbsent),
         case(
             "update keeps a stale v1 stamp when a reference is absent",
-            update(cur(Some(STALE_V1), false), true),
+            update(cur(Some(STALE_V1), false)),
             none,
             ABSENT,
         )
@@ -564,7 +551,7 @@ fn every_rule() {
         .then(Some(FOREIGN_KEY_V1), false, Outcome::KeptForeign),
         case(
             "update keeps a v1 stamp of another key",
-            update(cur(Some(FOREIGN_KEY_V1), false), true),
+            update(cur(Some(FOREIGN_KEY_V1), false)),
             none,
             OK,
         )
@@ -581,12 +568,28 @@ fn every_rule() {
             .then(None, false, Outcome::Skipped),
         case(
             "opted out update keeps what it has",
-            update(cur(Some(STALE), false), false),
+            update(cur(Some(STALE), false)),
             cur(Some(FOREIGN_KEY), false),
             OK,
         )
         .opted_out()
         .then(Some(FOREIGN_KEY), false, Outcome::Skipped),
+        case(
+            "opted out update that drops the stamp gets the old one back",
+            update(cur(Some(STALE), false)),
+            none,
+            OK,
+        )
+        .opted_out()
+        .then(Some(STALE), false, Outcome::Skipped),
+        case(
+            "opted out update that drops the marker gets it back",
+            update(cur(None, true)),
+            none,
+            FAILED,
+        )
+        .opted_out()
+        .then(None, true, Outcome::Skipped),
         case(
             "opted out config change",
             Trigger::ConfigChange,
@@ -684,7 +687,7 @@ fn the_v1_stamp_is_needed_only_to_check_a_v1_stamp_of_the_current_key() {
     let e = Some(exp.as_str());
     let exp_v1 = expected_v1_stamp().to_string();
     let e1 = Some(exp_v1.as_str());
-    let cases: [(&str, Trigger<'_>, Current<'_>, bool); 14] = [
+    let cases: [(&str, Trigger<'_>, Current<'_>, bool); 13] = [
         ("reconcile, v1", Trigger::Reconcile, cur(e1, false), true),
         (
             "reconcile, stale v1",
@@ -725,37 +728,31 @@ fn the_v1_stamp_is_needed_only_to_check_a_v1_stamp_of_the_current_key() {
         ),
         (
             "passive update, old v1",
-            update(cur(e1, false), true),
+            update(cur(e1, false)),
             cur(e, false),
             true,
         ),
         (
             "passive update, old v1, dropped",
-            update(cur(e1, false), true),
+            update(cur(e1, false)),
             cur(None, false),
             true,
         ),
         (
-            "template change, old v1",
-            update(cur(e1, false), false),
-            cur(e1, false),
-            false,
-        ),
-        (
             "passive update, old v2, new v1",
-            update(cur(e, false), true),
+            update(cur(e, false)),
             cur(e1, false),
             false,
         ),
         (
             "passive update, old none, new v1",
-            update(cur(None, false), true),
+            update(cur(None, false)),
             cur(e1, false),
             false,
         ),
         (
             "passive update, old v1 with a marker",
-            update(cur(e1, true), true),
+            update(cur(e1, true)),
             cur(e1, false),
             false,
         ),
@@ -784,7 +781,7 @@ fn a_v1_stamp_without_its_expected_v1_stamp_is_treated_as_foreign() {
     assert_eq!(reconcile.stamp.as_deref(), Some(v1.as_str()));
     assert_eq!(reconcile.outcome, Outcome::KeptForeign);
     let passive = decide(
-        update(cur(Some(&v1), false), true),
+        update(cur(Some(&v1), false)),
         cur(None, false),
         false,
         &without,
@@ -821,23 +818,14 @@ fn pool() -> Vec<Option<String>> {
     ]
 }
 
-fn any_trigger(
-    pool: &[Option<String>],
-    old: usize,
-    old_marker: bool,
-    template_unchanged: bool,
-    which: u8,
-) -> Trigger<'_> {
+fn any_trigger(pool: &[Option<String>], old: usize, old_marker: bool, which: u8) -> Trigger<'_> {
     let old = Current {
         stamp: pool[old].as_deref(),
         marker: old_marker,
     };
     match which {
         0 => Trigger::Create,
-        1 => Trigger::Update {
-            old,
-            template_unchanged,
-        },
+        1 => Trigger::Update { old },
         2 => Trigger::ConfigChange,
         _ => Trigger::Reconcile,
     }
@@ -853,7 +841,6 @@ proptest! {
         which in 0u8..4,
         old in 0usize..8,
         old_marker in any::<bool>(),
-        template_unchanged in any::<bool>(),
         new in 0usize..8,
         marker in any::<bool>(),
         state in 0u8..3,
@@ -864,7 +851,7 @@ proptest! {
         let stamp_key = key();
         let id = stamp_key.id();
         let pool = pool();
-        let trigger = any_trigger(&pool, old, old_marker, template_unchanged, which);
+        let trigger = any_trigger(&pool, old, old_marker, which);
         let current = cur(pool[new].as_deref(), marker);
         let options = Options { roll_on_delete, stamp_existing };
         let needed = needs_v1(trigger, current, id);
@@ -877,7 +864,7 @@ proptest! {
             && stamp.starts_with("v1:")
         {
             let old_stamp = match trigger {
-                Trigger::Update { old, .. } => old.stamp,
+                Trigger::Update { old } => old.stamp,
                 _ => None,
             };
             prop_assert!(
@@ -885,6 +872,31 @@ proptest! {
                 "wrote a new v1 stamp: {:?}", with
             );
         }
+    }
+
+    /// Case 4: an UPDATE that does not carry a new stamp (a `kubectl replace` of the git
+    /// manifest, whatever else it changes, and whatever another webhook adds) never changes a
+    /// stamp that is right, foreign or missing, whatever the lookup gives: only a stale stamp of
+    /// the current key (whose config changed) is replaced.
+    #[test]
+    fn an_update_without_a_new_stamp_changes_no_stamp_that_is_not_stale(
+        old in prop::sample::select(vec![0usize, 1, 2, 5, 6, 7]),
+        dropped in any::<bool>(),
+        state in 0u8..3,
+        opted_out in any::<bool>(),
+        roll_on_delete in any::<bool>(),
+        stamp_existing in any::<bool>(),
+    ) {
+        let stamp_key = key();
+        let id = stamp_key.id();
+        let pool = pool();
+        let trigger = any_trigger(&pool, old, false, 1);
+        let current = cur(if dropped { None } else { pool[old].as_deref() }, false);
+        let options = Options { roll_on_delete, stamp_existing };
+        let lookup = lookup(state, needs_v1(trigger, current, id));
+        let decision = decide(trigger, current, opted_out, &lookup, id, options);
+        prop_assert_eq!(decision.stamp.as_deref(), pool[old].as_deref(), "{:?}", decision);
+        prop_assert!(!decision.marker);
     }
 
     /// The upgrade, as a run of events on one workload that carries the right v1 stamp when the
@@ -976,7 +988,7 @@ impl Upgrade {
     /// through the webhook, and stores what it answers.
     fn webhook_update(&mut self, new: Option<String>, lookup_fails: bool) {
         let old = self.stamp.clone();
-        let trigger = update(cur(old.as_deref(), false), true);
+        let trigger = update(cur(old.as_deref(), false));
         let current = cur(new.as_deref(), false);
         let lookup = if lookup_fails {
             Lookup::Failed

@@ -344,7 +344,7 @@ async fn a_deleted_required_reference_keeps_the_stamp_and_an_optional_one_appear
 }
 
 #[tokio::test]
-async fn a_foreign_stamp_is_kept_until_the_template_changes() {
+async fn a_foreign_stamp_is_kept_until_an_update_carries_a_new_stamp() {
     let h = harness().await;
     standard_config(&h).await;
     let kind = WorkloadKind::Deployment;
@@ -358,16 +358,58 @@ async fn a_foreign_stamp_is_kept_until_the_template_changes() {
         1
     );
 
+    // A template change, with or without the stamp, keeps it too: it cannot be told from a
+    // field another mutating webhook adds after confighash.
     let mut changed = object.clone();
     changed["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
-    let (replaced, _) = h.admit(&Review::update(&changed, &object)).await;
+    let mut dropped = changed.clone();
+    set_stamp(&mut dropped, None);
+    for request in [&changed, &dropped] {
+        let (kept, _) = h.admit(&Review::update(request, &object)).await;
+        assert_eq!(stamp_of(&kept).as_deref(), Some(foreign));
+    }
+    assert_eq!(
+        h.metrics.requests("Deployment", "UPDATE", "kept-foreign"),
+        3
+    );
+
+    // The watcher's touch carries a stamp of the current key: the webhook computes it.
+    let mut touched = object.clone();
+    set_stamp(&mut touched, Some("v2:3eb1bd43:0000"));
+    let (replaced, _) = h.admit(&Review::update(&touched, &object)).await;
     assert_eq!(stamp_of(&replaced).unwrap(), h.expected(&object).await);
+}
+
+/// A workload that predates confighash (no stamp, no marker) is not stamped by an UPDATE that
+/// carries no stamp, template change or not; the watcher's touch stamps it.
+#[tokio::test]
+async fn a_workload_never_stamped_is_stamped_only_by_an_update_carrying_a_stamp() {
+    let h = harness().await;
+    standard_config(&h).await;
+    let kind = WorkloadKind::Deployment;
+    let object = web(kind, json!({})).json();
+    let mut changed = object.clone();
+    changed["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
+    for request in [&object, &changed] {
+        let (kept, patch) = h.admit(&Review::update(request, &object)).await;
+        assert!(patch.is_none(), "{patch:?}");
+        assert_eq!(stamp_of(&kept), None);
+    }
+    assert_eq!(
+        h.metrics.requests("Deployment", "UPDATE", "kept-unstamped"),
+        2
+    );
+    let mut touched = object.clone();
+    set_stamp(&mut touched, Some("v2:3eb1bd43:0000"));
+    let (stamped, _) = h.admit(&Review::update(&touched, &object)).await;
+    assert_eq!(stamp_of(&stamped).unwrap(), h.expected(&object).await);
 }
 
 /// A stamp of recipe v1 made with the current key (what the release before stamped) is checked
 /// under v1: an UPDATE that leaves the template alone keeps it while it is right (also when the
 /// request drops it, or carries the watcher's v2 touch the webhook's own reads disagree with),
-/// and replaces it with the v2 stamp once the config changed. A template change writes v2.
+/// and replaces it with the v2 stamp once the config changed. A template change keeps it too (it
+/// cannot be told from a field another webhook adds).
 #[tokio::test]
 async fn a_v1_stamp_of_the_current_key_is_kept_while_right_and_replaced_when_stale() {
     let h = harness().await;
@@ -396,11 +438,11 @@ async fn a_v1_stamp_of_the_current_key_is_kept_while_right_and_replaced_when_sta
     }
     assert_eq!(h.metrics.requests("Deployment", "UPDATE", "unchanged"), 1);
 
-    // A template change rolls anyway: it writes the v2 stamp.
+    // A template change keeps it as well.
     let mut changed = object.clone();
     changed["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
-    let (migrated, _) = h.admit(&Review::update(&changed, &object)).await;
-    assert_eq!(stamp_of(&migrated).as_deref(), Some(v2.as_str()));
+    let (kept, _) = h.admit(&Review::update(&changed, &object)).await;
+    assert_eq!(stamp_of(&kept).as_deref(), Some(v1.as_str()));
 
     // The config changes: the v1 stamp is stale and becomes the v2 stamp of the new content.
     h.put(config_map(

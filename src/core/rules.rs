@@ -6,14 +6,26 @@
 //!    `confighash.dev/unstamped` marker instead of a stamp);
 //! 2. a required reference is absent: an existing stamp is kept (unless `--roll-on-delete`);
 //! 3. the stamp is foreign (another key, an unknown recipe, malformed), or missing on a workload
-//!    that predates confighash: kept on an UPDATE that leaves the template otherwise unchanged and
-//!    by reconcile, replaced at the next real change;
-//! 4. opted-out workloads are never stamped.
+//!    that predates confighash: kept by reconcile and by every UPDATE that does not itself carry
+//!    a new stamp, replaced at the next config change the watcher acts on (its touch carries a
+//!    current stamp);
+//! 4. opted-out workloads are never stamped; an UPDATE that opts one out and drops its stamp
+//!    gets the old stamp back, so opting out rolls nothing.
+//!
+//! Why a template change does not replace a foreign stamp (or stamp a workload that predates
+//! confighash): the webhook cannot tell a template change from a field that another mutating
+//! webhook adds after it. A `kubectl replace` of the git manifest (no stamp, and without the
+//! field the other webhook adds at every UPDATE) looks like a template change when confighash
+//! runs first; stamping it then would roll pods once the other webhook has put its field back
+//! and the template is otherwise the same as before. Reinvocation does not help: the second call
+//! carries the stamp confighash just wrote, which is exactly what the watcher's touch carries.
+//! So only the request's own stamp says "stamp me": the watcher's touch, or anyone who writes the
+//! annotation on purpose.
 //!
 //! A stamp of the older recipe v1 made with the current key is not foreign: it is compared with
 //! the expected stamp under v1 (`expected_v1` of [`Lookup::Resolved`]), kept while equal and replaced
 //! by the v2 stamp when stale, so upgrading rolls nothing and a config change made during the
-//! upgrade still rolls once. A real template change (which rolls the pods anyway) writes v2.
+//! upgrade still rolls once.
 
 use crate::core::checksum::{self, Recipe, RefState, Stamp, StampKey, is_current};
 use crate::core::refs::{ObjectRef, References};
@@ -32,12 +44,8 @@ pub struct Current<'a> {
 pub enum Trigger<'a> {
     /// Admission of a CREATE.
     Create,
-    /// Admission of an UPDATE (or PATCH): `old` is what `oldObject` carried, and
-    /// `template_unchanged` says whether the pod templates are equal apart from the stamp.
-    Update {
-        old: Current<'a>,
-        template_unchanged: bool,
-    },
+    /// Admission of an UPDATE (or PATCH): `old` is what `oldObject` carried.
+    Update { old: Current<'a> },
     /// The watcher saw the content of a referenced object change.
     ConfigChange,
     /// The periodic (and at start) comparison of stamps with expected stamps.
@@ -178,22 +186,14 @@ impl Decision {
 fn existing<'a>(trigger: Trigger<'a>, current: Current<'a>) -> Current<'a> {
     match trigger {
         Trigger::Create => Current::default(),
-        Trigger::Update { old, .. } => old,
+        Trigger::Update { old } => old,
         Trigger::ConfigChange | Trigger::Reconcile => current,
     }
 }
 
 /// The v1 stamp [`decide`] checks under recipe v1: the existing stamp, when it is a v1 stamp made
-/// with the current key, carries no marker (a marker is always resolved with a v2 stamp), and the
-/// request is not an UPDATE that changes the template (which rolls anyway, so it writes v2).
+/// with the current key and carries no marker (a marker is always resolved with a v2 stamp).
 fn v1_stamp<'a>(trigger: Trigger<'a>, current: Current<'a>, key_id: &str) -> Option<&'a str> {
-    if let Trigger::Update {
-        template_unchanged: false,
-        ..
-    } = trigger
-    {
-        return None;
-    }
     let existing = existing(trigger, current);
     if existing.marker {
         return None;
@@ -221,9 +221,15 @@ pub fn decide(
     key_id: &str,
     options: Options,
 ) -> Decision {
-    // Rule 4.
+    // Rule 4. An UPDATE that drops the stamp as it opts out (a `kubectl replace` of a manifest
+    // that gained the label) gets the old one back: opting out rolls nothing.
     if opted_out {
-        return Decision::keep(current.stamp, current.marker, Outcome::Skipped);
+        return match trigger {
+            Trigger::Update { old } if current.stamp.is_none() && !current.marker => {
+                Decision::keep(old.stamp, old.marker, Outcome::Skipped)
+            }
+            _ => Decision::keep(current.stamp, current.marker, Outcome::Skipped),
+        };
     }
     let existing = existing(trigger, current);
 
@@ -250,9 +256,8 @@ pub fn decide(
     let existing_is_current = existing.stamp.is_some_and(|s| is_current(s, key_id)) && checkable;
     if !existing_is_current && !existing.marker {
         let passive = match trigger {
-            Trigger::Update {
-                template_unchanged, ..
-            } => template_unchanged && (current.stamp.is_none() || current.stamp == existing.stamp),
+            // Only a request that carries a new stamp asks for one (see the module comment).
+            Trigger::Update { .. } => current.stamp.is_none() || current.stamp == existing.stamp,
             Trigger::Reconcile => existing.stamp.is_some() || !options.stamp_existing,
             Trigger::Create | Trigger::ConfigChange => false,
         };

@@ -207,58 +207,6 @@ pub fn template(kind: WorkloadKind, obj: &Value) -> Result<Option<&Value>, Workl
     Ok(Some(here))
 }
 
-/// Whether two workloads' pod templates are equal apart from the checksum annotation, for
-/// "is the template otherwise unchanged". An annotation map left empty by the checksum's removal
-/// compares equal to none. Compares in place, without copying either template.
-pub fn templates_equal_ignoring_stamp(kind: WorkloadKind, a: &Value, b: &Value) -> bool {
-    let (Ok(Some(a)), Ok(Some(b))) = (template(kind, a), template(kind, b)) else {
-        return template(kind, a).ok().flatten() == template(kind, b).ok().flatten();
-    };
-    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
-        return a == b;
-    };
-    let others_equal =
-        |x: &serde_json::Map<String, Value>, y: &serde_json::Map<String, Value>, skip: &str| {
-            x.iter()
-                .filter(|(k, _)| *k != skip)
-                .all(|(k, v)| y.get(k) == Some(v))
-                && y.keys().filter(|k| *k != skip).all(|k| x.contains_key(k))
-        };
-    if !others_equal(a, b, "metadata") {
-        return false;
-    }
-    static EMPTY: Value = Value::Null;
-    let (ma, mb) = (
-        a.get("metadata").unwrap_or(&EMPTY),
-        b.get("metadata").unwrap_or(&EMPTY),
-    );
-    let (Some(ma), Some(mb)) = (as_map_or_empty(ma), as_map_or_empty(mb)) else {
-        return ma == mb;
-    };
-    if !others_equal(ma, mb, "annotations") {
-        return false;
-    }
-    let (aa, ab) = (
-        ma.get("annotations").unwrap_or(&EMPTY),
-        mb.get("annotations").unwrap_or(&EMPTY),
-    );
-    match (as_map_or_empty(aa), as_map_or_empty(ab)) {
-        (Some(x), Some(y)) => others_equal(x, y, CHECKSUM_ANNOTATION),
-        _ => aa == ab,
-    }
-}
-
-/// A map, with null or absent read as the empty map; `None` for any other value.
-fn as_map_or_empty(v: &Value) -> Option<&serde_json::Map<String, Value>> {
-    static EMPTY_MAP: std::sync::LazyLock<serde_json::Map<String, Value>> =
-        std::sync::LazyLock::new(serde_json::Map::new);
-    match v {
-        Value::Object(m) => Some(m),
-        Value::Null => Some(&EMPTY_MAP),
-        _ => None,
-    }
-}
-
 /// `obj` at `path` if it is an object; a missing or null value reads as an empty object.
 fn object_at<'v>(obj: &'v Value, path: &[&str]) -> Result<&'v Value, WorkloadError> {
     static EMPTY: Value = Value::Null;

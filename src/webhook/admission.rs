@@ -603,7 +603,6 @@ impl Webhook {
                 let (stamp, marker) = workload::stamp_and_marker(kind, old);
                 Trigger::Update {
                     old: Current { stamp, marker },
-                    template_unchanged: workload::templates_equal_ignoring_stamp(kind, old, object),
                 }
             }
             _ => Trigger::Create,
