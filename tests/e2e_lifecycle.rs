@@ -181,7 +181,7 @@ async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
 }
 
 #[tokio::test]
-async fn a_replaced_key_rolls_nothing_until_a_real_change() {
+async fn a_replaced_key_rolls_nothing_until_a_config_change() {
     let mut env = Env::start().await;
     shop(&env).await;
     let old = env.stamp(NS, "Deployment", "web").await.unwrap();
@@ -212,7 +212,7 @@ async fn a_replaced_key_rolls_nothing_until_a_real_change() {
         Some(old.as_str())
     );
 
-    // The next real change replaces it.
+    // The next config change replaces it.
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
         .await;
     env.wait_rollouts(NS, "Deployment", "web", 1).await;

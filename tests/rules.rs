@@ -69,7 +69,15 @@ fn cur(stamp: Option<&str>, marker: bool) -> Current<'_> {
 }
 
 fn update(old: Current<'_>) -> Trigger<'_> {
-    Trigger::Update { old }
+    Trigger::Update {
+        old,
+        restart: false,
+    }
+}
+
+/// An UPDATE that changes `kubectl.kubernetes.io/restartedAt` (`kubectl rollout restart`).
+fn restart(old: Current<'_>) -> Trigger<'_> {
+    Trigger::Update { old, restart: true }
 }
 
 struct Case<'a> {
@@ -323,6 +331,44 @@ fn every_rule() {
         .then(Some(FOREIGN_KEY), false, Outcome::KeptForeign),
         // Only an update that carries a new stamp (the watcher's touch) replaces a foreign one: a
         // template change cannot be told from a field another mutating webhook adds later.
+        case(
+            "a rollout restart replaces a foreign stamp",
+            restart(cur(Some(FOREIGN_KEY), false)),
+            cur(Some(FOREIGN_KEY), false),
+            OK,
+        ),
+        case(
+            "a rollout restart that drops a foreign stamp replaces it",
+            restart(cur(Some(FOREIGN_KEY), false)),
+            none,
+            OK,
+        ),
+        case(
+            "a rollout restart stamps a never-stamped workload",
+            restart(none),
+            none,
+            OK,
+        ),
+        case(
+            "a rollout restart writes v2 over a right v1 stamp",
+            restart(cur(e1, false)),
+            cur(e1, false),
+            OK,
+        ),
+        case(
+            "a rollout restart keeps a right stamp",
+            restart(cur(e, false)),
+            cur(e, false),
+            OK,
+        )
+        .then(Some(EXPECTED), false, Outcome::Unchanged),
+        case(
+            "a rollout restart with a failed lookup keeps the old stamp",
+            restart(cur(Some(FOREIGN_KEY), false)),
+            none,
+            FAILED,
+        )
+        .then(Some(FOREIGN_KEY), false, Outcome::KeptOnError),
         case(
             "an update carrying another foreign stamp is stamped",
             update(cur(Some(FOREIGN_KEY), false)),
@@ -687,7 +733,7 @@ fn the_v1_stamp_is_needed_only_to_check_a_v1_stamp_of_the_current_key() {
     let e = Some(exp.as_str());
     let exp_v1 = expected_v1_stamp().to_string();
     let e1 = Some(exp_v1.as_str());
-    let cases: [(&str, Trigger<'_>, Current<'_>, bool); 13] = [
+    let cases: [(&str, Trigger<'_>, Current<'_>, bool); 14] = [
         ("reconcile, v1", Trigger::Reconcile, cur(e1, false), true),
         (
             "reconcile, stale v1",
@@ -739,6 +785,12 @@ fn the_v1_stamp_is_needed_only_to_check_a_v1_stamp_of_the_current_key() {
             true,
         ),
         (
+            "rollout restart, old v1",
+            restart(cur(e1, false)),
+            cur(e1, false),
+            false,
+        ),
+        (
             "passive update, old v2, new v1",
             update(cur(e, false)),
             cur(e1, false),
@@ -763,7 +815,7 @@ fn the_v1_stamp_is_needed_only_to_check_a_v1_stamp_of_the_current_key() {
 }
 
 /// A caller that does not supply the expected v1 stamp when it is needed gets the foreign-stamp
-/// rule (kept on passive paths, replaced at a real change): never a rollout it did not ask for.
+/// rule (kept on passive paths, replaced at a config change): never a rollout it did not ask for.
 #[test]
 fn a_v1_stamp_without_its_expected_v1_stamp_is_treated_as_foreign() {
     let stamp_key = key();
@@ -818,14 +870,20 @@ fn pool() -> Vec<Option<String>> {
     ]
 }
 
-fn any_trigger(pool: &[Option<String>], old: usize, old_marker: bool, which: u8) -> Trigger<'_> {
+fn any_trigger(
+    pool: &[Option<String>],
+    old: usize,
+    old_marker: bool,
+    restart: bool,
+    which: u8,
+) -> Trigger<'_> {
     let old = Current {
         stamp: pool[old].as_deref(),
         marker: old_marker,
     };
     match which {
         0 => Trigger::Create,
-        1 => Trigger::Update { old },
+        1 => Trigger::Update { old, restart },
         2 => Trigger::ConfigChange,
         _ => Trigger::Reconcile,
     }
@@ -841,6 +899,7 @@ proptest! {
         which in 0u8..4,
         old in 0usize..8,
         old_marker in any::<bool>(),
+        restart in any::<bool>(),
         new in 0usize..8,
         marker in any::<bool>(),
         state in 0u8..3,
@@ -851,7 +910,7 @@ proptest! {
         let stamp_key = key();
         let id = stamp_key.id();
         let pool = pool();
-        let trigger = any_trigger(&pool, old, old_marker, which);
+        let trigger = any_trigger(&pool, old, old_marker, restart, which);
         let current = cur(pool[new].as_deref(), marker);
         let options = Options { roll_on_delete, stamp_existing };
         let needed = needs_v1(trigger, current, id);
@@ -864,7 +923,7 @@ proptest! {
             && stamp.starts_with("v1:")
         {
             let old_stamp = match trigger {
-                Trigger::Update { old } => old.stamp,
+                Trigger::Update { old, .. } => old.stamp,
                 _ => None,
             };
             prop_assert!(
@@ -874,10 +933,10 @@ proptest! {
         }
     }
 
-    /// Case 4: an UPDATE that does not carry a new stamp (a `kubectl replace` of the git
-    /// manifest, whatever else it changes, and whatever another webhook adds) never changes a
-    /// stamp that is right, foreign or missing, whatever the lookup gives: only a stale stamp of
-    /// the current key (whose config changed) is replaced.
+    /// Case 4: an UPDATE that neither carries a new stamp nor restarts the rollout (a `kubectl
+    /// replace` of the git manifest, whatever else it changes, and whatever another webhook adds)
+    /// never changes a stamp that is right, foreign or missing, whatever the lookup gives: only a
+    /// stale stamp of the current key (whose config changed) is replaced.
     #[test]
     fn an_update_without_a_new_stamp_changes_no_stamp_that_is_not_stale(
         old in prop::sample::select(vec![0usize, 1, 2, 5, 6, 7]),
@@ -890,7 +949,7 @@ proptest! {
         let stamp_key = key();
         let id = stamp_key.id();
         let pool = pool();
-        let trigger = any_trigger(&pool, old, false, 1);
+        let trigger = any_trigger(&pool, old, false, false, 1);
         let current = cur(if dropped { None } else { pool[old].as_deref() }, false);
         let options = Options { roll_on_delete, stamp_existing };
         let lookup = lookup(state, needs_v1(trigger, current, id));

@@ -373,6 +373,13 @@ async fn a_foreign_stamp_is_kept_until_an_update_carries_a_new_stamp() {
         3
     );
 
+    // A rollout restart rolls the pods anyway: it gets the current stamp, also when it drops it.
+    let mut restarted = dropped.clone();
+    restarted["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"] =
+        json!("2026-12-01T10:00:00Z");
+    let (replaced, _) = h.admit(&Review::update(&restarted, &object)).await;
+    assert_eq!(stamp_of(&replaced).unwrap(), h.expected(&object).await);
+
     // The watcher's touch carries a stamp of the current key: the webhook computes it.
     let mut touched = object.clone();
     set_stamp(&mut touched, Some("v2:3eb1bd43:0000"));

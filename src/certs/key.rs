@@ -31,7 +31,7 @@ pub const SECRET_DATA_KEY: &str = "key";
 pub const GENERATED_KEY_LEN: usize = 32;
 const DESCRIPTION: &str = "HMAC key of confighash checksum stamps (confighash.dev/checksum), \
      created by confighash. Replacing data key `key` makes every replica reload it; workloads get \
-     stamps with the new key id at their next real change.";
+     stamps with the new key id at the next change of their config.";
 /// Attempts at reading or creating the Secret before giving up on transient errors.
 const MAX_ATTEMPTS: u32 = 5;
 /// Backoff after the first transient failure; doubled after each further one.

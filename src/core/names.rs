@@ -23,5 +23,7 @@ pub const EXTRA_SECRETS_ANNOTATION: &str = "confighash.dev/extra-secrets";
 pub const DESCRIPTION_ANNOTATION: &str = "confighash.dev/description";
 /// Field manager of every write confighash makes.
 pub const FIELD_MANAGER: &str = "confighash";
+/// The pod-template annotation `kubectl rollout restart` sets (not confighash's: read only).
+pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
 /// Label put on a Secret confighash creates.
 pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "confighash");

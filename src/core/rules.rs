@@ -6,9 +6,9 @@
 //!    `confighash.dev/unstamped` marker instead of a stamp);
 //! 2. a required reference is absent: an existing stamp is kept (unless `--roll-on-delete`);
 //! 3. the stamp is foreign (another key, an unknown recipe, malformed), or missing on a workload
-//!    that predates confighash: kept by reconcile and by every UPDATE that does not itself carry
-//!    a new stamp, replaced at the next config change the watcher acts on (its touch carries a
-//!    current stamp);
+//!    that predates confighash: kept by reconcile and by every UPDATE that neither carries a new
+//!    stamp nor restarts the rollout; replaced at the next config change the watcher acts on (its
+//!    touch carries a current stamp), or by a `kubectl rollout restart`;
 //! 4. opted-out workloads are never stamped; an UPDATE that opts one out and drops its stamp
 //!    gets the old stamp back, so opting out rolls nothing.
 //!
@@ -19,13 +19,14 @@
 //! runs first; stamping it then would roll pods once the other webhook has put its field back
 //! and the template is otherwise the same as before. Reinvocation does not help: the second call
 //! carries the stamp confighash just wrote, which is exactly what the watcher's touch carries.
-//! So only the request's own stamp says "stamp me": the watcher's touch, or anyone who writes the
-//! annotation on purpose.
+//! So only the request's own stamp says "stamp me" (the watcher's touch, or anyone who writes the
+//! annotation on purpose), and so does a change of `kubectl.kubernetes.io/restartedAt`: a
+//! rollout restart rolls the pods anyway, and no webhook adds that annotation.
 //!
 //! A stamp of the older recipe v1 made with the current key is not foreign: it is compared with
 //! the expected stamp under v1 (`expected_v1` of [`Lookup::Resolved`]), kept while equal and replaced
 //! by the v2 stamp when stale, so upgrading rolls nothing and a config change made during the
-//! upgrade still rolls once.
+//! upgrade still rolls once. A rollout restart writes v2.
 
 use crate::core::checksum::{self, Recipe, RefState, Stamp, StampKey, is_current};
 use crate::core::refs::{ObjectRef, References};
@@ -44,8 +45,10 @@ pub struct Current<'a> {
 pub enum Trigger<'a> {
     /// Admission of a CREATE.
     Create,
-    /// Admission of an UPDATE (or PATCH): `old` is what `oldObject` carried.
-    Update { old: Current<'a> },
+    /// Admission of an UPDATE (or PATCH): `old` is what `oldObject` carried; `restart` says
+    /// whether the request changes the pod template's `kubectl.kubernetes.io/restartedAt` (a
+    /// `kubectl rollout restart`, which rolls the pods anyway).
+    Update { old: Current<'a>, restart: bool },
     /// The watcher saw the content of a referenced object change.
     ConfigChange,
     /// The periodic (and at start) comparison of stamps with expected stamps.
@@ -128,7 +131,7 @@ pub enum Outcome {
     KeptAbsent,
     /// Rule 3: a foreign stamp is kept.
     KeptForeign,
-    /// Rule 3: a workload never stamped is left unstamped until its next real change.
+    /// Rule 3: a workload never stamped is left unstamped until its config changes.
     KeptUnstamped,
     /// Rule 4: opted out.
     Skipped,
@@ -186,14 +189,18 @@ impl Decision {
 fn existing<'a>(trigger: Trigger<'a>, current: Current<'a>) -> Current<'a> {
     match trigger {
         Trigger::Create => Current::default(),
-        Trigger::Update { old } => old,
+        Trigger::Update { old, .. } => old,
         Trigger::ConfigChange | Trigger::Reconcile => current,
     }
 }
 
 /// The v1 stamp [`decide`] checks under recipe v1: the existing stamp, when it is a v1 stamp made
-/// with the current key and carries no marker (a marker is always resolved with a v2 stamp).
+/// with the current key, carries no marker (a marker is always resolved with a v2 stamp), and the
+/// request is not a rollout restart (which rolls anyway, so it writes v2).
 fn v1_stamp<'a>(trigger: Trigger<'a>, current: Current<'a>, key_id: &str) -> Option<&'a str> {
+    if let Trigger::Update { restart: true, .. } = trigger {
+        return None;
+    }
     let existing = existing(trigger, current);
     if existing.marker {
         return None;
@@ -225,7 +232,7 @@ pub fn decide(
     // that gained the label) gets the old one back: opting out rolls nothing.
     if opted_out {
         return match trigger {
-            Trigger::Update { old } if current.stamp.is_none() && !current.marker => {
+            Trigger::Update { old, .. } if current.stamp.is_none() && !current.marker => {
                 Decision::keep(old.stamp, old.marker, Outcome::Skipped)
             }
             _ => Decision::keep(current.stamp, current.marker, Outcome::Skipped),
@@ -256,8 +263,11 @@ pub fn decide(
     let existing_is_current = existing.stamp.is_some_and(|s| is_current(s, key_id)) && checkable;
     if !existing_is_current && !existing.marker {
         let passive = match trigger {
-            // Only a request that carries a new stamp asks for one (see the module comment).
-            Trigger::Update { .. } => current.stamp.is_none() || current.stamp == existing.stamp,
+            // Only a request that carries a new stamp, or restarts the rollout, asks for one (see
+            // the module comment).
+            Trigger::Update { restart, .. } => {
+                !restart && (current.stamp.is_none() || current.stamp == existing.stamp)
+            }
             Trigger::Reconcile => existing.stamp.is_some() || !options.stamp_existing,
             Trigger::Create | Trigger::ConfigChange => false,
         };

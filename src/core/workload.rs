@@ -5,7 +5,8 @@
 //! same way and fields this crate does not know about are never lost.
 
 use crate::core::names::{
-    CHECKSUM_ANNOTATION, ENABLED_LABEL, UNSTAMPED_ANNOTATION, UNSTAMPED_TOO_MANY_REFERENCES,
+    CHECKSUM_ANNOTATION, ENABLED_LABEL, RESTARTED_AT_ANNOTATION, UNSTAMPED_ANNOTATION,
+    UNSTAMPED_TOO_MANY_REFERENCES,
 };
 use std::collections::BTreeMap;
 
@@ -187,6 +188,17 @@ pub fn stamp_and_marker(kind: WorkloadKind, obj: &Value) -> (Option<&str>, bool)
         .and_then(|a| a.get(UNSTAMPED_ANNOTATION))
         .is_some();
     (stamp, marker)
+}
+
+/// The pod template's `kubectl.kubernetes.io/restartedAt` annotation, which `kubectl rollout
+/// restart` sets.
+pub fn restarted_at(kind: WorkloadKind, obj: &Value) -> Option<&str> {
+    template(kind, obj)
+        .ok()
+        .flatten()
+        .and_then(|t| t.pointer("/metadata/annotations"))
+        .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))
+        .and_then(Value::as_str)
 }
 
 /// The pod template of a workload, or `None` if the object has none.

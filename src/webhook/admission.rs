@@ -603,6 +603,8 @@ impl Webhook {
                 let (stamp, marker) = workload::stamp_and_marker(kind, old);
                 Trigger::Update {
                     old: Current { stamp, marker },
+                    restart: workload::restarted_at(kind, object)
+                        != workload::restarted_at(kind, old),
                 }
             }
             _ => Trigger::Create,

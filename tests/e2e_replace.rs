@@ -1,0 +1,196 @@
+//! End to end: an UPDATE that sends the git manifest without the stamp (`kubectl replace`,
+//! Argo CD's `Replace=true`) rolls nothing, whatever stamp the workload carries (current, of a
+//! replaced key, or none because it predates confighash), alone and with a second mutating
+//! webhook that adds a pod-template field at every write and is called after confighash or
+//! before it.
+//!
+//! Needs the in-memory API server (second webhook, key replacement, webhook outage).
+
+#[path = "e2e/support.rs"]
+mod support;
+
+use apiserver::TestWebhook;
+use confighash::core::checksum::StampKey;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use support::{Env, api_resource, workload_object};
+
+/// The template annotation the second webhook adds.
+const SIDECAR: &str = "sidecar.example/injected";
+
+/// Where the second webhook runs, by namespace: none, after confighash (its configuration sorts
+/// after `confighash`), before it.
+const NAMESPACES: [(&str, Option<&str>); 3] = [
+    ("plain", None),
+    ("after", Some("zz-sidecar")),
+    ("before", Some("a-sidecar")),
+];
+
+/// What the workloads carry when the manifest is replaced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Carried {
+    /// The stamp of the current key.
+    Current,
+    /// The stamp of a key replaced since.
+    Foreign,
+    /// No stamp: created while the webhook was down, as before confighash was installed.
+    None,
+}
+
+/// Registers a webhook that adds [`SIDECAR`] to the pod template at every CREATE and UPDATE in
+/// namespaces labelled `sidecar=<name>`, with `reinvocationPolicy: IfNeeded`.
+async fn register_sidecar(env: &Env, name: &str) -> TestWebhook {
+    let hook = TestWebhook::annotating(SIDECAR, "true").await;
+    let mut configuration = hook.configuration(name, "Fail");
+    configuration["webhooks"][0]["name"] = json!(format!("{name}.example"));
+    configuration["webhooks"][0]["namespaceSelector"] = json!({"matchLabels": {"sidecar": name}});
+    configuration["webhooks"][0]["reinvocationPolicy"] = json!("IfNeeded");
+    Api::<MutatingWebhookConfiguration>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(configuration).unwrap(),
+        )
+        .await
+        .unwrap();
+    hook
+}
+
+/// The manifest in git: the workload as first applied, without any stamp, at the stored
+/// resourceVersion.
+fn manifest(stored: &Value) -> DynamicObject {
+    let mut object = workload_object("Deployment", "web", &[("envFrom", "app-env")], json!({}));
+    object["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"].clone();
+    serde_json::from_value(object).unwrap()
+}
+
+async fn replace_rolls_nothing(carried: Carried) {
+    let mut env = Env::start().await;
+    if !env.is_stand_in() {
+        eprintln!("skipped: needs the in-memory API server (a second webhook, a key swap)");
+        return;
+    }
+    let mut hooks = Vec::new();
+    for (ns, sidecar) in NAMESPACES {
+        env.namespace(ns, true).await;
+        if let Some(name) = sidecar {
+            Api::<Namespace>::all(env.client.clone())
+                .patch(
+                    ns,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"sidecar": name}}})),
+                )
+                .await
+                .unwrap();
+            hooks.push(register_sidecar(&env, name).await);
+        }
+        env.config_map(ns, "app-env", &[("LOG_LEVEL", "info")])
+            .await;
+        // The barrier's own workloads exist before the webhook may go down.
+        env.barrier(ns).await;
+    }
+    if carried == Carried::None {
+        env.stop_webhook().await;
+    }
+    for (ns, _) in NAMESPACES {
+        env.deployment(ns, "web", &[("envFrom", "app-env")]).await;
+    }
+    match carried {
+        Carried::None => env.restart_webhook().await,
+        Carried::Foreign => {
+            env.keys
+                .set(StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap());
+            env.stop_watcher();
+            env.start_watcher();
+        }
+        Carried::Current => {}
+    }
+    for (ns, sidecar) in NAMESPACES {
+        env.barrier(ns).await;
+        let before = env.get_workload(ns, "Deployment", "web").await.unwrap();
+        let stamp = env.stamp(ns, "Deployment", "web").await;
+        assert_eq!(stamp.is_some(), carried != Carried::None, "{ns}: {stamp:?}");
+        let template_annotations = before.pointer("/spec/template/metadata/annotations");
+        assert_eq!(
+            template_annotations.and_then(|a| a.get(SIDECAR)).is_some(),
+            sidecar.is_some(),
+            "{ns}: {template_annotations:?}"
+        );
+
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(env.client.clone(), ns, &api_resource("Deployment"));
+        api.replace("web", &PostParams::default(), &manifest(&before))
+            .await
+            .unwrap();
+        env.barrier(ns).await;
+        assert_eq!(
+            env.rollouts(ns, "Deployment", "web").await,
+            0,
+            "{carried:?} stamp, {ns}: the replace rolled the workload"
+        );
+        assert_eq!(env.stamp(ns, "Deployment", "web").await, stamp, "{ns}");
+    }
+    for hook in &hooks {
+        assert!(hook.calls() > 0, "the second webhook was called");
+    }
+}
+
+#[tokio::test]
+async fn replacing_the_manifest_keeps_a_current_stamp_and_rolls_nothing() {
+    replace_rolls_nothing(Carried::Current).await;
+}
+
+#[tokio::test]
+async fn replacing_the_manifest_keeps_a_foreign_stamp_and_rolls_nothing() {
+    replace_rolls_nothing(Carried::Foreign).await;
+}
+
+#[tokio::test]
+async fn replacing_the_manifest_of_a_workload_never_stamped_rolls_nothing() {
+    replace_rolls_nothing(Carried::None).await;
+}
+
+/// Opting a stamped workload out with a replace that drops the stamp rolls nothing, and config
+/// changes no longer roll it.
+#[tokio::test]
+async fn opting_a_stamped_workload_out_by_replace_rolls_nothing() {
+    let env = Env::start().await;
+    env.namespace("shop", true).await;
+    env.config_map("shop", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.deployment("shop", "web", &[("envFrom", "app-env")])
+        .await;
+    env.barrier("shop").await;
+    let stamp = env.stamp("shop", "Deployment", "web").await;
+    assert!(stamp.is_some());
+
+    let before = env.get_workload("shop", "Deployment", "web").await.unwrap();
+    let mut object = workload_object(
+        "Deployment",
+        "web",
+        &[("envFrom", "app-env")],
+        json!({"confighash.dev/enabled": "false"}),
+    );
+    object["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
+    Api::<DynamicObject>::namespaced_with(env.client.clone(), "shop", &api_resource("Deployment"))
+        .replace(
+            "web",
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .unwrap();
+    env.barrier("shop").await;
+    assert_eq!(env.rollouts("shop", "Deployment", "web").await, 0);
+    assert_eq!(env.stamp("shop", "Deployment", "web").await, stamp);
+
+    env.config_map("shop", "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.barrier("shop").await;
+    assert_eq!(
+        env.rollouts("shop", "Deployment", "web").await,
+        0,
+        "an opted-out workload does not roll on config changes"
+    );
+}
