@@ -309,6 +309,44 @@ async fn a_dropped_watch_and_410_during_a_change_still_roll_once() {
     assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
 }
 
+/// The watches go down, a change is made while they are down, and history is compacted past
+/// it: the watcher's next watch gets 410 Gone and lists again, and only that list carries the
+/// change. It rolls once, with one touch.
+#[tokio::test]
+async fn a_change_made_while_the_watches_are_down_is_carried_by_the_relist() {
+    let env = Env::start().await;
+    if !env.is_stand_in() {
+        eprintln!("skipped: needs the in-memory API server (closes watches, compacts history)");
+        return;
+    }
+    shop(&env).await;
+    let touched = env.metrics.touches("touched");
+
+    // Every new watch fails until the faults are cleared; then the open ones are closed.
+    env.api().fail_next(Some("watch"), None, u32::MAX, 500);
+    env.api().close_watches();
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.api().compact();
+    let refused = env.api().injected_faults().len();
+    env.eventually("a watch refused after the change", || async {
+        env.api().injected_faults().len() > refused
+    })
+    .await;
+    assert_eq!(
+        env.rollouts(NS, "Deployment", "web").await,
+        0,
+        "nothing can have seen the change yet"
+    );
+    env.api().clear_faults();
+
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    // The barrier's own touch is the other one.
+    assert_eq!(env.metrics.touches("touched") - touched, 2);
+}
+
 #[tokio::test]
 async fn a_stamp_kept_by_the_webhook_is_retried_until_it_lands() {
     let env = Env::start().await;
