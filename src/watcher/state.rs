@@ -1,6 +1,6 @@
 //! The watcher's state machine: what it knows (the digest store, the workload index, the
-//! namespaces, the change window, the pacer, the touches pending and in flight) and what it
-//! decides, as plain data.
+//! namespaces, the change window, the pacer, the touches pending and in flight, the backoff of
+//! those that did not take) and what it decides, as plain data.
 //!
 //! [`State::handle`] takes one [`Input`] (what a watch said, what a touch or a list came back
 //! with, a change of leadership or key, or just time passing) at an instant the caller gives,
@@ -181,7 +181,7 @@ pub struct Touch {
     pub stamp: String,
     /// What changed, for logs: `ConfigMap app-env changed`, or `its stamp was stale`.
     pub why: String,
-    /// How many touches for the same changes failed before this one.
+    /// How many touches of the workload in a row did not take before this one.
     pub attempt: u32,
 }
 
@@ -233,12 +233,29 @@ struct Backfill {
 /// A touch waiting for its time.
 #[derive(Debug, Default)]
 struct Pending {
+    /// When it may be sent, at the earliest; `None` while parked behind a touch in flight. The
+    /// workload's [`Backoff`] holds it back further.
     due: Option<Instant>,
     /// What changed, for the Event; empty for reconcile.
     changed: BTreeSet<ConfigKey>,
-    attempt: u32,
     /// When the first change behind this touch was seen, for the latency metric.
     seen: Option<Instant>,
+}
+
+/// A workload whose last touches did not take (the webhook kept the old stamp, or the patch
+/// failed). Its next touch waits until `not_before`, whatever asks for it sooner: the write of a
+/// touch the webhook turned back is still stored (its managedFields change), so its own watch
+/// event arrives like any other change, before or after the result, and must not bring the retry
+/// forward; nor does a new config change while the webhook keeps failing.
+#[derive(Debug)]
+struct Backoff {
+    /// Touches of the workload that did not take, in a row.
+    failures: u32,
+    /// No touch of the workload before this.
+    not_before: Instant,
+    /// The stamp the workload kept: a watch event showing another one means a write took, and
+    /// the backoff is over.
+    stamp: Option<String>,
 }
 
 /// A touch in flight: what it was for, to judge its result.
@@ -288,6 +305,8 @@ pub struct State {
     bypassed: HashMap<WorkloadKey, String>,
     /// When each workload's last `TouchFailed` Event was recorded.
     touch_failed_at: HashMap<WorkloadKey, Instant>,
+    /// Workloads whose touches did not take lately: when each may be touched again.
+    backoff: HashMap<WorkloadKey, Backoff>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
 }
@@ -325,6 +344,7 @@ impl State {
             started,
             bypassed: HashMap::new(),
             touch_failed_at: HashMap::new(),
+            backoff: HashMap::new(),
             effects: Vec::new(),
         }
     }
@@ -346,7 +366,11 @@ impl State {
 
     /// When something is due next: hand [`Input::Wake`] then.
     pub fn next_wake(&self) -> Option<Instant> {
-        let pending = self.pending.values().filter_map(|p| p.due).min();
+        let pending = self
+            .pending
+            .iter()
+            .filter_map(|(k, p)| self.due_at(k, p))
+            .min();
         [self.window.closes_at(), pending, self.next_resync]
             .into_iter()
             .flatten()
@@ -376,6 +400,15 @@ impl State {
         }
         self.tick(now);
         std::mem::take(&mut self.effects)
+    }
+
+    /// When a pending touch may be sent: its own time, held back by the workload's backoff.
+    fn due_at(&self, key: &WorkloadKey, pending: &Pending) -> Option<Instant> {
+        let due = pending.due?;
+        Some(match self.backoff.get(key) {
+            Some(b) => due.max(b.not_before),
+            None => due,
+        })
     }
 
     // ----- watches -----
@@ -535,6 +568,15 @@ impl State {
                     self.warn_too_many_references(&key, &entry.uid);
                 }
                 self.count_if_bypassed(&key, &entry);
+                if self
+                    .backoff
+                    .get(&key)
+                    .is_some_and(|b| b.stamp != entry.stamp)
+                {
+                    // Its stamp changed since the last touch that did not take: a write took
+                    // (another touch's, or an update the webhook stamped).
+                    self.backoff.remove(&key);
+                }
                 self.workloads.upsert(key.clone(), entry);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
@@ -547,17 +589,15 @@ impl State {
             Watched::Applied(key, None) | Watched::Deleted(key) => {
                 self.warned_too_many.remove(&key);
                 self.bypassed.remove(&key);
-                self.touch_failed_at.remove(&key);
+                self.forget_touches(&key);
                 self.workloads.remove(&key);
-                self.pending.remove(&key);
             }
             Watched::Relisted(seen) => {
                 for key in self.workloads.keys_of(kind) {
                     if !seen.contains(&key) {
                         self.bypassed.remove(&key);
-                        self.touch_failed_at.remove(&key);
+                        self.forget_touches(&key);
                         self.workloads.remove(&key);
-                        self.pending.remove(&key);
                     }
                 }
                 self.metrics
@@ -565,6 +605,13 @@ impl State {
                 self.listed(Stream::Workloads(kind));
             }
         }
+    }
+
+    /// A workload is gone: what was pending for it goes too, and its backoff with it.
+    fn forget_touches(&mut self, key: &WorkloadKey) {
+        self.touch_failed_at.remove(key);
+        self.pending.remove(key);
+        self.backoff.remove(key);
     }
 
     /// A watch's list is in (or there is nothing to list).
@@ -792,14 +839,15 @@ impl State {
 
     fn touch_due(&mut self, now: Instant) {
         if !self.leader {
-            // The leader does this; a replica that becomes leader reconciles.
+            // The leader does this; a replica that becomes leader reconciles, afresh.
             self.pending.clear();
+            self.backoff.clear();
             return;
         }
         let due: Vec<WorkloadKey> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.due.is_some_and(|d| d <= now))
+            .filter(|(k, p)| self.due_at(k, p).is_some_and(|d| d <= now))
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
@@ -816,7 +864,9 @@ impl State {
                 _ => Trigger::ConfigChange,
             };
             let Some(expected) = self.decide(&key, trigger) else {
+                // Nothing to do any more, nor to back off from.
                 self.pending.remove(&key);
+                self.backoff.remove(&key);
                 continue;
             };
             match self.pacer.allow(now, &key) {
@@ -856,7 +906,7 @@ impl State {
             workload: key.clone(),
             stamp: expected.clone(),
             why,
-            attempt: pending.attempt,
+            attempt: self.backoff.get(&key).map_or(0, |b| b.failures),
         }));
         let in_flight = InFlight {
             expected,
@@ -868,22 +918,18 @@ impl State {
         self.in_flight.insert(key, in_flight);
     }
 
-    /// A touch ended: judge it, retry it if it did not take, and let the workload be touched
-    /// again.
+    /// A touch ended: judge it, back off and retry it if it did not take, and let the workload be
+    /// touched again.
     fn touched(&mut self, key: WorkloadKey, result: TouchResult, now: Instant) {
         let Some(touch) = self.in_flight.remove(&key) else {
             return;
         };
-        let retry_in = self
-            .config
-            .retry_base
-            .saturating_mul(1 << touch.pending.attempt.min(16))
-            .min(self.config.resync);
         match result {
             TouchResult::Patched(stamp)
                 if stamp != touch.old || stamp.as_deref() == Some(&touch.expected) =>
             {
                 self.metrics.touch("touched");
+                self.backoff.remove(&key);
                 tracing::info!(stamp = stamp.as_deref().unwrap_or(""), "touched");
                 self.effects.push(Effect::Event(config_changed(
                     &key,
@@ -893,18 +939,24 @@ impl State {
                 )));
             }
             TouchResult::Patched(_) => {
-                // The webhook kept the old stamp: its lookup failed. Try again later.
+                // The webhook turned the touch back: its lookup failed, it may not read the
+                // references, or it decided otherwise. The write was still stored (its watch
+                // event comes like any other), but the pod template did not change.
                 self.metrics.touch("kept-by-webhook");
-                tracing::warn!("the webhook kept the old stamp; retrying");
+                tracing::warn!("the webhook kept the old stamp");
                 let what = "the webhook kept the old stamp (it could not read the referenced \
-                            ConfigMaps and Secrets)";
-                self.retry(&key, touch.pending, what.to_owned(), retry_in, now);
+                            ConfigMaps and Secrets, or decided otherwise), so the pod template \
+                            was not changed and its pods have not rolled";
+                self.retry(&key, touch, what.to_owned(), now);
             }
-            TouchResult::Gone => self.metrics.touch("gone"),
+            TouchResult::Gone => {
+                self.metrics.touch("gone");
+                self.backoff.remove(&key);
+            }
             TouchResult::Failed(e) => {
                 self.metrics.touch("error");
                 let (TouchError::Forbidden(error) | TouchError::Other(error)) = &e;
-                tracing::warn!(error = %error, "touch failed; retrying");
+                tracing::warn!(error = %error, "touch failed");
                 let what = match &e {
                     TouchError::Forbidden(error) => format!(
                         "the patch was refused ({error}): confighash's RBAC must allow patch on {}",
@@ -912,34 +964,46 @@ impl State {
                     ),
                     TouchError::Other(error) => format!("the patch failed ({error})"),
                 };
-                self.retry(&key, touch.pending, what, retry_in, now);
+                self.retry(&key, touch, what, now);
             }
         }
-        // Whatever became due meanwhile is decided now.
+        // Whatever became due meanwhile is decided now (held back by a backoff, if any).
         if let Some(p) = self.pending.get_mut(&key) {
             p.due.get_or_insert(now);
         }
     }
 
-    /// A touch that did not take: try again `retry_in` from now, for the same changes.
-    fn retry(
-        &mut self,
-        key: &WorkloadKey,
-        failed: Pending,
-        what: String,
-        retry_in: Duration,
-        now: Instant,
-    ) {
+    /// A touch that did not take: back off (the delay doubles with each such touch in a row, from
+    /// `retry_base` up to `resync`) and try again then, for the same changes.
+    fn retry(&mut self, key: &WorkloadKey, failed: InFlight, what: String, now: Instant) {
+        let backoff = self.backoff.entry(key.clone()).or_insert(Backoff {
+            failures: 0,
+            not_before: now,
+            stamp: None,
+        });
+        backoff.failures = backoff.failures.saturating_add(1);
+        let failures = backoff.failures;
+        let retry_in = self
+            .config
+            .retry_base
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(self.config.resync);
+        backoff.not_before = now + retry_in;
+        backoff.stamp = failed.old;
         self.metrics.touch_retry();
-        let failures = failed.attempt + 1;
-        let at = now + retry_in;
+        tracing::info!(
+            failures,
+            retry_in = %format_delay(retry_in),
+            "retrying"
+        );
+        // Due at once, so held back by the backoff alone: a check a watch event asked for a
+        // window from now is superseded.
         let p = self.pending.entry(key.clone()).or_default();
-        p.due = Some(p.due.map_or(at, |d| d.min(at)));
+        p.due = Some(now);
         // Keep what the touch was for, so the retry is the same kind of touch (a config change
         // replaces a foreign stamp; reconcile would not) and its Event names it.
-        p.changed.extend(failed.changed);
-        p.attempt = p.attempt.max(failures);
-        p.seen = p.seen.or(failed.seen);
+        p.changed.extend(failed.pending.changed);
+        p.seen = p.seen.or(failed.pending.seen);
         self.touch_failed(key, &what, retry_in, failures, now);
     }
 
