@@ -7,7 +7,8 @@
 //! and returns the [`Effect`]s to carry out: touches, Events, namespace lists. Nothing here reads
 //! a clock, talks to the API server or spawns a task: [`run()`](super::run()) does, and feeds the
 //! results back as inputs. Wall time enters as values of inputs (when a namespace was seen
-//! opting in) and of [`State::new`] (when the watcher started). Metrics are counters it bumps.
+//! opting in) and of [`State::new`] (when the watcher started). Metrics are counters it bumps and
+//! gauges it sets (the touches pending and in flight, after each input).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -399,6 +400,8 @@ impl State {
             Input::Wake => {}
         }
         self.tick(now);
+        self.metrics
+            .set_touches(self.pending.len(), self.in_flight.len());
         std::mem::take(&mut self.effects)
     }
 

@@ -921,6 +921,7 @@ fn a_stamp_written_by_someone_else_ends_the_backoff() {
     let web = web.stamped(&stamp);
     assert_eq!(t.workload(31.0, &web), []);
     assert_eq!(t.wake(45.0), []);
+    assert_eq!(t.metric("confighash_touches_pending"), 0.0);
 
     t.config(50.0, app_env("trace"));
     let next = t.expected(&web);
@@ -995,6 +996,54 @@ fn leadership_lost_ends_the_backoff_and_a_new_leader_reconciles_afresh() {
     assert_eq!(t.next_wake(), Some(34.0), "a window after the last touch");
     let stamp = t.expected(&web);
     assert_eq!(t.wake(34.0), [touch(&web, &stamp, STALE_WHY, 0)]);
+}
+
+// ----- touches pending and in flight -----
+
+#[test]
+fn touches_pending_and_in_flight_are_gauged() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    let gauges = |t: &Test| {
+        (
+            t.metric("confighash_touches_pending"),
+            t.metric("confighash_touches_in_flight"),
+        )
+    };
+    assert_eq!(gauges(&t), (0.0, 0.0));
+    t.config(1.0, app_env("debug"));
+    assert_eq!(gauges(&t), (0.0, 0.0), "a window is no touch yet");
+    let first = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &first, APP_ENV_CHANGED, 0)]);
+    assert_eq!(gauges(&t), (0.0, 1.0));
+    // Another change while it is in flight: parked.
+    t.config(7.0, app_env("trace"));
+    t.wake(12.0);
+    assert_eq!(gauges(&t), (1.0, 1.0));
+    assert_eq!(t.metrics.touches_outstanding(), (1, 1));
+    let second = t.expected(&web);
+    let effects = t.touched(13.0, &web, TouchResult::Patched(Some(first.clone())));
+    assert_eq!(effects[1], touch(&web, &second, APP_ENV_CHANGED, 0));
+    assert_eq!(gauges(&t), (0.0, 1.0));
+    // Turned back (the watch has not shown the first stamp yet): pending on its backoff.
+    t.touched(13.1, &web, TouchResult::Patched(web.stamp.clone()));
+    assert_eq!(gauges(&t), (1.0, 0.0));
+    assert_eq!(t.wake(18.0), [touch(&web, &second, APP_ENV_CHANGED, 1)]);
+    assert_eq!(gauges(&t), (0.0, 1.0));
+    t.touched(18.1, &web, TouchResult::Patched(Some(second)));
+    assert_eq!(gauges(&t), (0.0, 0.0));
+    assert_eq!(t.metrics.touches_outstanding(), (0, 0));
+
+    // Scheduled a window ahead: a workload that arrives stale.
+    let api = deployment(NS, "api", &[("configMap", "app-env")]).stamped("v2:x:stale");
+    let api = W {
+        stamp: Some(first.clone()),
+        ..api
+    };
+    t.workload(20.0, &api);
+    assert_eq!(gauges(&t), (1.0, 0.0));
+    assert_eq!(t.feed(21.0, Input::Leader(false)), []);
+    assert_eq!(gauges(&t), (0.0, 0.0), "a follower has nothing pending");
 }
 
 // ----- leadership -----
