@@ -344,12 +344,24 @@ fn opted_in(ns: &Namespace) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// Whether the namespace is being deleted: `metadata.deletionTimestamp` is set first (with
+/// phase `Terminating`), then its objects go, then the Namespace itself.
+fn terminating(ns: &Namespace) -> bool {
+    ns.metadata.deletion_timestamp.is_some()
+        || ns
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Terminating")
+}
+
 async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
     let api: Api<Namespace> = Api::all(client);
     let adapter = Adapter::new(
         |ns: &Namespace| ns.metadata.name.clone(),
         |_: &String, ns: Namespace| NamespaceSeen {
             opted_in: opted_in(&ns),
+            terminating: terminating(&ns),
             at: SystemTime::now(),
         },
     );

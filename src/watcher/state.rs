@@ -134,6 +134,9 @@ pub enum ConfigSource {
 pub struct NamespaceSeen {
     /// It carries `confighash.dev/enabled=true`.
     pub opted_in: bool,
+    /// It is being deleted (`metadata.deletionTimestamp` set, phase `Terminating`): its objects
+    /// go one by one, creates in it (Events included) are refused, and nothing in it is touched.
+    pub terminating: bool,
     /// When (wall clock) the watcher saw this: workloads created before its opt-in plus
     /// [`BYPASS_GRACE`] are not counted as bypassing the webhook.
     pub at: SystemTime,
@@ -308,6 +311,8 @@ pub struct State {
     touch_failed_at: HashMap<WorkloadKey, Instant>,
     /// Workloads whose touches did not take lately: when each may be touched again.
     backoff: HashMap<WorkloadKey, Backoff>,
+    /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
+    terminating: HashSet<String>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
 }
@@ -346,6 +351,7 @@ impl State {
             bypassed: HashMap::new(),
             touch_failed_at: HashMap::new(),
             backoff: HashMap::new(),
+            terminating: HashSet::new(),
             effects: Vec::new(),
         }
     }
@@ -516,10 +522,18 @@ impl State {
                 self.namespaces.retain(|n, _| seen.contains(n));
                 self.excluded.retain(|n| seen.contains(n));
                 self.backfills.retain(|n, _| seen.contains(n));
+                self.terminating.retain(|n| seen.contains(n));
                 self.listed(Stream::Namespaces);
                 return;
             }
         };
+        match seen {
+            Some(s) if s.terminating => self.terminate(&name),
+            // A namespace never stops terminating; one of the same name is a new namespace.
+            _ => {
+                self.terminating.remove(&name);
+            }
+        }
         // An excluded namespace is never opted in, whatever its labels say.
         match seen.map(|s| {
             (
@@ -533,6 +547,9 @@ impl State {
                     return;
                 }
                 self.namespaces.insert(name.clone(), at);
+                if self.terminating.contains(&name) {
+                    return; // Nothing there is decided on: no list, no comparison.
+                }
                 if was_excluded {
                     // Its objects were left out: list them; compare once they are in.
                     self.start_backfill(name);
@@ -556,6 +573,23 @@ impl State {
         }
     }
 
+    /// A namespace is being deleted: what was pending there is dropped, and from now on nothing
+    /// there is decided on (its workloads and config go one by one, which is no change to roll
+    /// for). A touch in flight there ends without an Event or a retry.
+    fn terminate(&mut self, namespace: &str) {
+        if !self.terminating.insert(namespace.to_owned()) {
+            return;
+        }
+        let before = self.pending.len();
+        self.pending.retain(|k, _| k.namespace != namespace);
+        self.backoff.retain(|k, _| k.namespace != namespace);
+        tracing::info!(
+            namespace,
+            dropped = before - self.pending.len(),
+            "namespace terminating: nothing in it is touched any more"
+        );
+    }
+
     fn workload_watched(
         &mut self,
         kind: WorkloadKind,
@@ -566,6 +600,7 @@ impl State {
             Watched::Applied(key, Some(entry)) => {
                 if entry.too_many_references
                     && self.leader
+                    && !self.terminating.contains(&key.namespace)
                     && self.warned_too_many.insert(key.clone())
                 {
                     self.warn_too_many_references(&key, &entry.uid);
@@ -668,7 +703,7 @@ impl State {
 
     /// Records that a workload over `--max-references` is never stamped or rolled.
     fn warn_too_many_references(&mut self, key: &WorkloadKey, uid: &str) {
-        self.effects.push(Effect::Event(WorkloadEvent {
+        self.record(WorkloadEvent {
             workload: key.clone(),
             uid: uid.to_owned(),
             type_: EventType::Warning,
@@ -679,7 +714,7 @@ impl State {
                  confighash does not read them, stamp it or roll it on config changes",
                 self.config.max_references
             ),
-        }));
+        });
     }
 
     /// Counts a workload that did not pass through the webhook: created in an opted-in
@@ -719,6 +754,12 @@ impl State {
         if !self.is_synced() || !self.workloads.is_referenced(&key) {
             tracing::debug!(object = %key.1, namespace = key.0, synced = self.is_synced(),
                 "change to an object nothing references yet, or before the first sync");
+            return;
+        }
+        if self.terminating.contains(&key.0) {
+            // Its objects are being deleted with it: no change to roll for, even with
+            // `--roll-on-delete`.
+            tracing::debug!(object = %key.1, namespace = key.0, "change in a terminating namespace");
             return;
         }
         self.metrics.change_seen(key.1.kind.as_str());
@@ -766,6 +807,7 @@ impl State {
         let entry = self.workloads.get(key)?;
         if !self.namespaces.contains_key(&key.namespace)
             || self.backfills.contains_key(&key.namespace)
+            || self.terminating.contains(&key.namespace)
         {
             return None;
         }
@@ -934,12 +976,12 @@ impl State {
                 self.metrics.touch("touched");
                 self.backoff.remove(&key);
                 tracing::info!(stamp = stamp.as_deref().unwrap_or(""), "touched");
-                self.effects.push(Effect::Event(config_changed(
+                self.record(config_changed(
                     &key,
                     &touch.uid,
                     &touch.pending.changed,
                     touch.rolls_by_itself,
-                )));
+                ));
             }
             TouchResult::Patched(_) => {
                 // The webhook turned the touch back: its lookup failed, it may not read the
@@ -979,6 +1021,10 @@ impl State {
     /// A touch that did not take: back off (the delay doubles with each such touch in a row, from
     /// `retry_base` up to `resync`) and try again then, for the same changes.
     fn retry(&mut self, key: &WorkloadKey, failed: InFlight, what: String, now: Instant) {
+        if self.terminating.contains(&key.namespace) {
+            tracing::info!("not retried: its namespace is terminating");
+            return;
+        }
         let backoff = self.backoff.entry(key.clone()).or_insert(Backoff {
             failures: 0,
             not_before: now,
@@ -1037,7 +1083,7 @@ impl State {
             Some(p) if !p.changed.is_empty() => format!("after {}", changed_names(&p.changed)),
             _ => "(its stamp is stale)".to_owned(),
         };
-        self.effects.push(Effect::Event(WorkloadEvent {
+        self.record(WorkloadEvent {
             workload: key.clone(),
             uid,
             type_: EventType::Warning,
@@ -1048,7 +1094,18 @@ impl State {
                  retrying in {}",
                 format_delay(retry_in)
             ),
-        }));
+        });
+    }
+
+    /// Records an Event on a workload, unless its namespace is terminating (creates there are
+    /// refused, and nobody is left to read it).
+    fn record(&mut self, event: WorkloadEvent) {
+        if self.terminating.contains(&event.workload.namespace) {
+            tracing::debug!(workload = %event.workload, reason = event.reason,
+                "Event not recorded: its namespace is terminating");
+            return;
+        }
+        self.effects.push(Effect::Event(event));
     }
 }
 
