@@ -596,3 +596,39 @@ fn workload_reference(key: &WorkloadKey, uid: &str) -> ObjectReference {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn namespace(object: Value) -> Namespace {
+        serde_json::from_value(object).unwrap()
+    }
+
+    #[test]
+    fn a_namespace_terminates_once_it_has_a_deletion_timestamp_or_the_phase() {
+        let labels = json!({ENABLED_LABEL: "true"});
+        let live = namespace(json!({
+            "metadata": {"name": "shop", "labels": labels},
+            "status": {"phase": "Active"},
+        }));
+        assert!(!terminating(&live));
+        assert!(opted_in(&live));
+        let deleted = namespace(json!({
+            "metadata": {"name": "shop", "labels": labels,
+                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Terminating"},
+        }));
+        assert!(terminating(&deleted));
+        assert!(opted_in(&deleted), "its labels are kept");
+        let phase_only = namespace(json!({
+            "metadata": {"name": "shop"},
+            "status": {"phase": "Terminating"},
+        }));
+        assert!(terminating(&phase_only));
+        let timestamp_only = namespace(json!({
+            "metadata": {"name": "shop", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        }));
+        assert!(terminating(&timestamp_only));
+    }
+}

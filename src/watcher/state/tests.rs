@@ -1119,10 +1119,8 @@ fn a_terminating_namespace_gets_no_event_and_no_touch_from_a_new_leader() {
     let app = app_env("info");
     t.cluster.insert(app.0.clone(), app.1.clone());
     let big = deployment(NS, "big", &[("configMap", "a"), ("configMap", "b")]);
-    let stale = deployment(NS, "stale", &[("configMap", "app-env")]).stamped(&{
-        let w = deployment(NS, "stale", &[("configMap", "app-env")]);
-        t.expected(&w)
-    });
+    let stale = deployment(NS, "stale", &[("configMap", "app-env")]);
+    let stale = stale.clone().stamped(&t.expected(&stale));
     let changed = app_env("debug");
     t.cluster.insert(changed.0.clone(), changed.1.clone());
     // A stale stamp and a workload over --max-references.
