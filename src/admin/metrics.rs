@@ -108,6 +108,8 @@ pub struct Metrics {
     reconcile_mismatches: Counter,
     touch_latency: Histogram,
     bypassed: Counter,
+    touches_pending: Gauge,
+    touches_in_flight: Gauge,
 }
 
 impl Default for Metrics {
@@ -230,6 +232,19 @@ impl Metrics {
              neither a stamp nor the unstamped marker: the API server did not call the webhook",
             bypassed.clone(),
         );
+        let touches_pending = Gauge::default();
+        registry.register(
+            "touches_pending",
+            "Workload touches the leader has pending: waiting for their time (window, pacing, \
+             backoff after a touch that did not take), due, or parked behind a touch in flight",
+            touches_pending.clone(),
+        );
+        let touches_in_flight = Gauge::default();
+        registry.register(
+            "touches_in_flight",
+            "Workload touches sent whose result has not come back",
+            touches_in_flight.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "build_info",
@@ -270,6 +285,8 @@ impl Metrics {
         Metrics {
             registry,
             bypassed,
+            touches_pending,
+            touches_in_flight,
             watched,
             synced,
             leader,
@@ -422,6 +439,20 @@ impl Metrics {
         self.bypassed.get()
     }
 
+    /// How many touches are pending and in flight now.
+    pub fn set_touches(&self, pending: usize, in_flight: usize) {
+        self.touches_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        self.touches_in_flight
+            .set(i64::try_from(in_flight).unwrap_or(i64::MAX));
+    }
+
+    /// How many touches are pending, and how many in flight, as last set.
+    pub fn touches_outstanding(&self) -> (u64, u64) {
+        let count = |g: &Gauge| u64::try_from(g.get()).unwrap_or(0);
+        (count(&self.touches_pending), count(&self.touches_in_flight))
+    }
+
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -461,6 +492,8 @@ mod tests {
             "{text}"
         );
         zero("confighash_workloads_bypassed_total");
+        zero("confighash_touches_pending");
+        zero("confighash_touches_in_flight");
         for outcome in TOUCH_OUTCOMES {
             zero(&format!(
                 "confighash_touches_total{{outcome=\"{outcome}\"}}"

@@ -344,12 +344,24 @@ fn opted_in(ns: &Namespace) -> bool {
         .is_some_and(|v| v == "true")
 }
 
+/// Whether the namespace is being deleted: `metadata.deletionTimestamp` is set first (with
+/// phase `Terminating`), then its objects go, then the Namespace itself.
+fn terminating(ns: &Namespace) -> bool {
+    ns.metadata.deletion_timestamp.is_some()
+        || ns
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Terminating")
+}
+
 async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
     let api: Api<Namespace> = Api::all(client);
     let adapter = Adapter::new(
         |ns: &Namespace| ns.metadata.name.clone(),
         |_: &String, ns: Namespace| NamespaceSeen {
             opted_in: opted_in(&ns),
+            terminating: terminating(&ns),
             at: SystemTime::now(),
         },
     );
@@ -582,5 +594,41 @@ fn workload_reference(key: &WorkloadKey, uid: &str) -> ObjectReference {
         namespace: Some(key.namespace.clone()),
         uid: (!uid.is_empty()).then(|| uid.to_owned()),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn namespace(object: Value) -> Namespace {
+        serde_json::from_value(object).unwrap()
+    }
+
+    #[test]
+    fn a_namespace_terminates_once_it_has_a_deletion_timestamp_or_the_phase() {
+        let labels = json!({ENABLED_LABEL: "true"});
+        let live = namespace(json!({
+            "metadata": {"name": "shop", "labels": labels},
+            "status": {"phase": "Active"},
+        }));
+        assert!(!terminating(&live));
+        assert!(opted_in(&live));
+        let deleted = namespace(json!({
+            "metadata": {"name": "shop", "labels": labels,
+                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Terminating"},
+        }));
+        assert!(terminating(&deleted));
+        assert!(opted_in(&deleted), "its labels are kept");
+        let phase_only = namespace(json!({
+            "metadata": {"name": "shop"},
+            "status": {"phase": "Terminating"},
+        }));
+        assert!(terminating(&phase_only));
+        let timestamp_only = namespace(json!({
+            "metadata": {"name": "shop", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        }));
+        assert!(terminating(&timestamp_only));
     }
 }

@@ -1,13 +1,14 @@
 //! The watcher's state machine: what it knows (the digest store, the workload index, the
-//! namespaces, the change window, the pacer, the touches pending and in flight) and what it
-//! decides, as plain data.
+//! namespaces, the change window, the pacer, the touches pending and in flight, the backoff of
+//! those that did not take) and what it decides, as plain data.
 //!
 //! [`State::handle`] takes one [`Input`] (what a watch said, what a touch or a list came back
 //! with, a change of leadership or key, or just time passing) at an instant the caller gives,
 //! and returns the [`Effect`]s to carry out: touches, Events, namespace lists. Nothing here reads
 //! a clock, talks to the API server or spawns a task: [`run()`](super::run()) does, and feeds the
 //! results back as inputs. Wall time enters as values of inputs (when a namespace was seen
-//! opting in) and of [`State::new`] (when the watcher started). Metrics are counters it bumps.
+//! opting in) and of [`State::new`] (when the watcher started). Metrics are counters it bumps and
+//! gauges it sets (the touches pending and in flight, after each input).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -133,6 +134,9 @@ pub enum ConfigSource {
 pub struct NamespaceSeen {
     /// It carries `confighash.dev/enabled=true`.
     pub opted_in: bool,
+    /// It is being deleted (`metadata.deletionTimestamp` set, phase `Terminating`): its objects
+    /// go one by one, creates in it (Events included) are refused, and nothing in it is touched.
+    pub terminating: bool,
     /// When (wall clock) the watcher saw this: workloads created before its opt-in plus
     /// [`BYPASS_GRACE`] are not counted as bypassing the webhook.
     pub at: SystemTime,
@@ -181,7 +185,7 @@ pub struct Touch {
     pub stamp: String,
     /// What changed, for logs: `ConfigMap app-env changed`, or `its stamp was stale`.
     pub why: String,
-    /// How many touches for the same changes failed before this one.
+    /// How many touches of the workload in a row did not take before this one.
     pub attempt: u32,
 }
 
@@ -233,12 +237,29 @@ struct Backfill {
 /// A touch waiting for its time.
 #[derive(Debug, Default)]
 struct Pending {
+    /// When it may be sent, at the earliest; `None` while parked behind a touch in flight. The
+    /// workload's [`Backoff`] holds it back further.
     due: Option<Instant>,
     /// What changed, for the Event; empty for reconcile.
     changed: BTreeSet<ConfigKey>,
-    attempt: u32,
     /// When the first change behind this touch was seen, for the latency metric.
     seen: Option<Instant>,
+}
+
+/// A workload whose last touches did not take (the webhook kept the old stamp, or the patch
+/// failed). Its next touch waits until `not_before`, whatever asks for it sooner: the write of a
+/// touch the webhook turned back is still stored (its managedFields change), so its own watch
+/// event arrives like any other change, before or after the result, and must not bring the retry
+/// forward; nor does a new config change while the webhook keeps failing.
+#[derive(Debug)]
+struct Backoff {
+    /// Touches of the workload that did not take, in a row.
+    failures: u32,
+    /// No touch of the workload before this.
+    not_before: Instant,
+    /// The stamp the workload kept: a watch event showing another one means a write took, and
+    /// the backoff is over.
+    stamp: Option<String>,
 }
 
 /// A touch in flight: what it was for, to judge its result.
@@ -288,6 +309,10 @@ pub struct State {
     bypassed: HashMap<WorkloadKey, String>,
     /// When each workload's last `TouchFailed` Event was recorded.
     touch_failed_at: HashMap<WorkloadKey, Instant>,
+    /// Workloads whose touches did not take lately: when each may be touched again.
+    backoff: HashMap<WorkloadKey, Backoff>,
+    /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
+    terminating: HashSet<String>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
 }
@@ -325,6 +350,8 @@ impl State {
             started,
             bypassed: HashMap::new(),
             touch_failed_at: HashMap::new(),
+            backoff: HashMap::new(),
+            terminating: HashSet::new(),
             effects: Vec::new(),
         }
     }
@@ -346,7 +373,11 @@ impl State {
 
     /// When something is due next: hand [`Input::Wake`] then.
     pub fn next_wake(&self) -> Option<Instant> {
-        let pending = self.pending.values().filter_map(|p| p.due).min();
+        let pending = self
+            .pending
+            .iter()
+            .filter_map(|(k, p)| self.due_at(k, p))
+            .min();
         [self.window.closes_at(), pending, self.next_resync]
             .into_iter()
             .flatten()
@@ -375,7 +406,18 @@ impl State {
             Input::Wake => {}
         }
         self.tick(now);
+        self.metrics
+            .set_touches(self.pending.len(), self.in_flight.len());
         std::mem::take(&mut self.effects)
+    }
+
+    /// When a pending touch may be sent: its own time, held back by the workload's backoff.
+    fn due_at(&self, key: &WorkloadKey, pending: &Pending) -> Option<Instant> {
+        let due = pending.due?;
+        Some(match self.backoff.get(key) {
+            Some(b) => due.max(b.not_before),
+            None => due,
+        })
     }
 
     // ----- watches -----
@@ -480,10 +522,18 @@ impl State {
                 self.namespaces.retain(|n, _| seen.contains(n));
                 self.excluded.retain(|n| seen.contains(n));
                 self.backfills.retain(|n, _| seen.contains(n));
+                self.terminating.retain(|n| seen.contains(n));
                 self.listed(Stream::Namespaces);
                 return;
             }
         };
+        match seen {
+            Some(s) if s.terminating => self.terminate(&name),
+            // A namespace never stops terminating; one of the same name is a new namespace.
+            _ => {
+                self.terminating.remove(&name);
+            }
+        }
         // An excluded namespace is never opted in, whatever its labels say.
         match seen.map(|s| {
             (
@@ -497,6 +547,9 @@ impl State {
                     return;
                 }
                 self.namespaces.insert(name.clone(), at);
+                if self.terminating.contains(&name) {
+                    return; // Nothing there is decided on: no list, no comparison.
+                }
                 if was_excluded {
                     // Its objects were left out: list them; compare once they are in.
                     self.start_backfill(name);
@@ -520,6 +573,23 @@ impl State {
         }
     }
 
+    /// A namespace is being deleted: what was pending there is dropped, and from now on nothing
+    /// there is decided on (its workloads and config go one by one, which is no change to roll
+    /// for). A touch in flight there ends without an Event or a retry.
+    fn terminate(&mut self, namespace: &str) {
+        if !self.terminating.insert(namespace.to_owned()) {
+            return;
+        }
+        let before = self.pending.len();
+        self.pending.retain(|k, _| k.namespace != namespace);
+        self.backoff.retain(|k, _| k.namespace != namespace);
+        tracing::info!(
+            namespace,
+            dropped = before - self.pending.len(),
+            "namespace terminating: nothing in it is touched any more"
+        );
+    }
+
     fn workload_watched(
         &mut self,
         kind: WorkloadKind,
@@ -530,11 +600,21 @@ impl State {
             Watched::Applied(key, Some(entry)) => {
                 if entry.too_many_references
                     && self.leader
+                    && !self.terminating.contains(&key.namespace)
                     && self.warned_too_many.insert(key.clone())
                 {
                     self.warn_too_many_references(&key, &entry.uid);
                 }
                 self.count_if_bypassed(&key, &entry);
+                if self
+                    .backoff
+                    .get(&key)
+                    .is_some_and(|b| b.stamp != entry.stamp)
+                {
+                    // Its stamp changed since the last touch that did not take: a write took
+                    // (another touch's, or an update the webhook stamped).
+                    self.backoff.remove(&key);
+                }
                 self.workloads.upsert(key.clone(), entry);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
@@ -547,17 +627,15 @@ impl State {
             Watched::Applied(key, None) | Watched::Deleted(key) => {
                 self.warned_too_many.remove(&key);
                 self.bypassed.remove(&key);
-                self.touch_failed_at.remove(&key);
+                self.forget_touches(&key);
                 self.workloads.remove(&key);
-                self.pending.remove(&key);
             }
             Watched::Relisted(seen) => {
                 for key in self.workloads.keys_of(kind) {
                     if !seen.contains(&key) {
                         self.bypassed.remove(&key);
-                        self.touch_failed_at.remove(&key);
+                        self.forget_touches(&key);
                         self.workloads.remove(&key);
-                        self.pending.remove(&key);
                     }
                 }
                 self.metrics
@@ -565,6 +643,13 @@ impl State {
                 self.listed(Stream::Workloads(kind));
             }
         }
+    }
+
+    /// A workload is gone: what was pending for it goes too, and its backoff with it.
+    fn forget_touches(&mut self, key: &WorkloadKey) {
+        self.touch_failed_at.remove(key);
+        self.pending.remove(key);
+        self.backoff.remove(key);
     }
 
     /// A watch's list is in (or there is nothing to list).
@@ -618,7 +703,7 @@ impl State {
 
     /// Records that a workload over `--max-references` is never stamped or rolled.
     fn warn_too_many_references(&mut self, key: &WorkloadKey, uid: &str) {
-        self.effects.push(Effect::Event(WorkloadEvent {
+        self.record(WorkloadEvent {
             workload: key.clone(),
             uid: uid.to_owned(),
             type_: EventType::Warning,
@@ -629,7 +714,7 @@ impl State {
                  confighash does not read them, stamp it or roll it on config changes",
                 self.config.max_references
             ),
-        }));
+        });
     }
 
     /// Counts a workload that did not pass through the webhook: created in an opted-in
@@ -669,6 +754,12 @@ impl State {
         if !self.is_synced() || !self.workloads.is_referenced(&key) {
             tracing::debug!(object = %key.1, namespace = key.0, synced = self.is_synced(),
                 "change to an object nothing references yet, or before the first sync");
+            return;
+        }
+        if self.terminating.contains(&key.0) {
+            // Its objects are being deleted with it: no change to roll for, even with
+            // `--roll-on-delete`.
+            tracing::debug!(object = %key.1, namespace = key.0, "change in a terminating namespace");
             return;
         }
         self.metrics.change_seen(key.1.kind.as_str());
@@ -716,6 +807,7 @@ impl State {
         let entry = self.workloads.get(key)?;
         if !self.namespaces.contains_key(&key.namespace)
             || self.backfills.contains_key(&key.namespace)
+            || self.terminating.contains(&key.namespace)
         {
             return None;
         }
@@ -792,14 +884,15 @@ impl State {
 
     fn touch_due(&mut self, now: Instant) {
         if !self.leader {
-            // The leader does this; a replica that becomes leader reconciles.
+            // The leader does this; a replica that becomes leader reconciles, afresh.
             self.pending.clear();
+            self.backoff.clear();
             return;
         }
         let due: Vec<WorkloadKey> = self
             .pending
             .iter()
-            .filter(|(_, p)| p.due.is_some_and(|d| d <= now))
+            .filter(|(k, p)| self.due_at(k, p).is_some_and(|d| d <= now))
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
@@ -816,7 +909,9 @@ impl State {
                 _ => Trigger::ConfigChange,
             };
             let Some(expected) = self.decide(&key, trigger) else {
+                // Nothing to do any more, nor to back off from.
                 self.pending.remove(&key);
+                self.backoff.remove(&key);
                 continue;
             };
             match self.pacer.allow(now, &key) {
@@ -856,7 +951,7 @@ impl State {
             workload: key.clone(),
             stamp: expected.clone(),
             why,
-            attempt: pending.attempt,
+            attempt: self.backoff.get(&key).map_or(0, |b| b.failures),
         }));
         let in_flight = InFlight {
             expected,
@@ -868,43 +963,45 @@ impl State {
         self.in_flight.insert(key, in_flight);
     }
 
-    /// A touch ended: judge it, retry it if it did not take, and let the workload be touched
-    /// again.
+    /// A touch ended: judge it, back off and retry it if it did not take, and let the workload be
+    /// touched again.
     fn touched(&mut self, key: WorkloadKey, result: TouchResult, now: Instant) {
         let Some(touch) = self.in_flight.remove(&key) else {
             return;
         };
-        let retry_in = self
-            .config
-            .retry_base
-            .saturating_mul(1 << touch.pending.attempt.min(16))
-            .min(self.config.resync);
         match result {
             TouchResult::Patched(stamp)
                 if stamp != touch.old || stamp.as_deref() == Some(&touch.expected) =>
             {
                 self.metrics.touch("touched");
+                self.backoff.remove(&key);
                 tracing::info!(stamp = stamp.as_deref().unwrap_or(""), "touched");
-                self.effects.push(Effect::Event(config_changed(
+                self.record(config_changed(
                     &key,
                     &touch.uid,
                     &touch.pending.changed,
                     touch.rolls_by_itself,
-                )));
+                ));
             }
             TouchResult::Patched(_) => {
-                // The webhook kept the old stamp: its lookup failed. Try again later.
+                // The webhook turned the touch back: its lookup failed, it may not read the
+                // references, or it decided otherwise. The write was still stored (its watch
+                // event comes like any other), but the pod template did not change.
                 self.metrics.touch("kept-by-webhook");
-                tracing::warn!("the webhook kept the old stamp; retrying");
+                tracing::warn!("the webhook kept the old stamp");
                 let what = "the webhook kept the old stamp (it could not read the referenced \
-                            ConfigMaps and Secrets)";
-                self.retry(&key, touch.pending, what.to_owned(), retry_in, now);
+                            ConfigMaps and Secrets, or decided otherwise), so the pod template \
+                            was not changed and its pods have not rolled";
+                self.retry(&key, touch, what.to_owned(), now);
             }
-            TouchResult::Gone => self.metrics.touch("gone"),
+            TouchResult::Gone => {
+                self.metrics.touch("gone");
+                self.backoff.remove(&key);
+            }
             TouchResult::Failed(e) => {
                 self.metrics.touch("error");
                 let (TouchError::Forbidden(error) | TouchError::Other(error)) = &e;
-                tracing::warn!(error = %error, "touch failed; retrying");
+                tracing::warn!(error = %error, "touch failed");
                 let what = match &e {
                     TouchError::Forbidden(error) => format!(
                         "the patch was refused ({error}): confighash's RBAC must allow patch on {}",
@@ -912,34 +1009,50 @@ impl State {
                     ),
                     TouchError::Other(error) => format!("the patch failed ({error})"),
                 };
-                self.retry(&key, touch.pending, what, retry_in, now);
+                self.retry(&key, touch, what, now);
             }
         }
-        // Whatever became due meanwhile is decided now.
+        // Whatever became due meanwhile is decided now (held back by a backoff, if any).
         if let Some(p) = self.pending.get_mut(&key) {
             p.due.get_or_insert(now);
         }
     }
 
-    /// A touch that did not take: try again `retry_in` from now, for the same changes.
-    fn retry(
-        &mut self,
-        key: &WorkloadKey,
-        failed: Pending,
-        what: String,
-        retry_in: Duration,
-        now: Instant,
-    ) {
+    /// A touch that did not take: back off (the delay doubles with each such touch in a row, from
+    /// `retry_base` up to `resync`) and try again then, for the same changes.
+    fn retry(&mut self, key: &WorkloadKey, failed: InFlight, what: String, now: Instant) {
+        if self.terminating.contains(&key.namespace) {
+            tracing::info!("not retried: its namespace is terminating");
+            return;
+        }
+        let backoff = self.backoff.entry(key.clone()).or_insert(Backoff {
+            failures: 0,
+            not_before: now,
+            stamp: None,
+        });
+        backoff.failures = backoff.failures.saturating_add(1);
+        let failures = backoff.failures;
+        let retry_in = self
+            .config
+            .retry_base
+            .saturating_mul(1 << (failures - 1).min(16))
+            .min(self.config.resync);
+        backoff.not_before = now + retry_in;
+        backoff.stamp = failed.old;
         self.metrics.touch_retry();
-        let failures = failed.attempt + 1;
-        let at = now + retry_in;
+        tracing::info!(
+            failures,
+            retry_in = %format_delay(retry_in),
+            "retrying"
+        );
+        // Due at once, so held back by the backoff alone: a check a watch event asked for a
+        // window from now is superseded.
         let p = self.pending.entry(key.clone()).or_default();
-        p.due = Some(p.due.map_or(at, |d| d.min(at)));
+        p.due = Some(now);
         // Keep what the touch was for, so the retry is the same kind of touch (a config change
         // replaces a foreign stamp; reconcile would not) and its Event names it.
-        p.changed.extend(failed.changed);
-        p.attempt = p.attempt.max(failures);
-        p.seen = p.seen.or(failed.seen);
+        p.changed.extend(failed.pending.changed);
+        p.seen = p.seen.or(failed.pending.seen);
         self.touch_failed(key, &what, retry_in, failures, now);
     }
 
@@ -970,7 +1083,7 @@ impl State {
             Some(p) if !p.changed.is_empty() => format!("after {}", changed_names(&p.changed)),
             _ => "(its stamp is stale)".to_owned(),
         };
-        self.effects.push(Effect::Event(WorkloadEvent {
+        self.record(WorkloadEvent {
             workload: key.clone(),
             uid,
             type_: EventType::Warning,
@@ -981,7 +1094,18 @@ impl State {
                  retrying in {}",
                 format_delay(retry_in)
             ),
-        }));
+        });
+    }
+
+    /// Records an Event on a workload, unless its namespace is terminating (creates there are
+    /// refused, and nobody is left to read it).
+    fn record(&mut self, event: WorkloadEvent) {
+        if self.terminating.contains(&event.workload.namespace) {
+            tracing::debug!(workload = %event.workload, reason = event.reason,
+                "Event not recorded: its namespace is terminating");
+            return;
+        }
+        self.effects.push(Effect::Event(event));
     }
 }
 

@@ -279,8 +279,27 @@ impl Test {
     }
 
     fn namespace(&mut self, seconds: f64, name: &str, opted_in: bool) -> Vec<Effect> {
+        self.namespace_seen(seconds, name, opted_in, false)
+    }
+
+    /// A namespace is being deleted: its Namespace gets a deletionTimestamp, labels kept.
+    fn terminate(&mut self, seconds: f64, name: &str, opted_in: bool) -> Vec<Effect> {
+        self.namespace_seen(seconds, name, opted_in, true)
+    }
+
+    fn namespace_seen(
+        &mut self,
+        seconds: f64,
+        name: &str,
+        opted_in: bool,
+        terminating: bool,
+    ) -> Vec<Effect> {
         let at = wall0() + Duration::from_secs_f64(seconds);
-        let seen = NamespaceSeen { opted_in, at };
+        let seen = NamespaceSeen {
+            opted_in,
+            terminating,
+            at,
+        };
         self.feed(
             seconds,
             Input::Namespace(Watched::Applied(name.to_owned(), seen)),
@@ -718,6 +737,472 @@ fn a_workload_gone_before_its_touch_is_not_retried() {
     // A result for a touch not in flight is ignored.
     assert_eq!(t.touched(6.2, &web, TouchResult::Gone), []);
     assert_eq!(t.metrics.touches("gone"), 1);
+}
+
+// ----- backoff of touches that do not take -----
+
+/// When a touch's own watch event (the write of a touch the webhook turned back is still stored,
+/// so the workload comes back with its old stamp) arrives, relative to the touch's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Echo {
+    Never,
+    Before,
+    After,
+}
+
+/// The webhook turns back every touch of `w` sent before `until` (seconds), each touch's own
+/// watch event arriving as `echo` says, at the same instant. The touches sent (when, attempt)
+/// and every other effect, in order.
+fn revert_until(t: &mut Test, w: &W, until: f64, echo: Echo) -> (Vec<(f64, u32)>, Vec<Effect>) {
+    let mut touches = vec![];
+    let mut others = vec![];
+    while let Some(next) = t.next_wake().filter(|n| *n < until) {
+        for effect in t.wake(next) {
+            let Effect::Touch(touch) = effect else {
+                others.push(effect);
+                continue;
+            };
+            assert_eq!(touch.workload, w.key());
+            touches.push((next, touch.attempt));
+            if echo == Echo::Before {
+                others.extend(t.workload(next, w));
+            }
+            others.extend(t.touched(next, w, TouchResult::Patched(w.stamp.clone())));
+            if echo == Echo::After {
+                others.extend(t.workload(next, w));
+            }
+        }
+    }
+    (touches, others)
+}
+
+/// The touches of a change whose touches the webhook keeps turning back, from a first touch at
+/// 6 s: the per-workload interval (5 s) first, then the backoff doubling from 1 s.
+const REVERTED: [(f64, u32); 11] = [
+    (6.0, 0),
+    (11.0, 1),
+    (16.0, 2),
+    (21.0, 3),
+    (29.0, 4),
+    (45.0, 5),
+    (77.0, 6),
+    (141.0, 7),
+    (269.0, 8),
+    (525.0, 9),
+    (1037.0, 10),
+];
+
+fn kept_by_webhook_note(failures: u32, retry_in: &str) -> String {
+    format!(
+        "re-stamping the pod template after ConfigMap app-env changed failed {failures} times in \
+         a row: the webhook kept the old stamp (it could not read the referenced ConfigMaps and \
+         Secrets, or decided otherwise), so the pod template was not changed and its pods have \
+         not rolled; retrying in {retry_in}"
+    )
+}
+
+fn touch_failed(w: &W, note: &str) -> Effect {
+    event(w, EventType::Warning, TOUCH_FAILED_REASON, "Restamp", note)
+}
+
+#[test]
+fn a_reverted_touch_backs_off_whenever_its_own_watch_event_arrives() {
+    for echo in [Echo::Never, Echo::Before, Echo::After] {
+        let mut t = Test::leader(config());
+        let web = shop(&mut t);
+        t.config(1.0, app_env("debug"));
+        let (touches, others) = revert_until(&mut t, &web, 1100.0, echo);
+        assert_eq!(touches, REVERTED, "{echo:?}");
+        assert_eq!(
+            others,
+            [
+                touch_failed(&web, &kept_by_webhook_note(2, "2s")),
+                touch_failed(&web, &kept_by_webhook_note(11, "10m")),
+            ],
+            "{echo:?}: the second failure, then once per ten minutes"
+        );
+        assert_eq!(t.metrics.touches("kept-by-webhook"), 11, "{echo:?}");
+        assert_eq!(t.metric("confighash_touch_retries_total"), 11.0);
+        assert_eq!(t.next_wake(), Some(1200.0), "{echo:?}: the resync first");
+        assert_eq!(
+            t.wake(1200.0),
+            [],
+            "{echo:?}: which leaves the backoff alone"
+        );
+        assert_eq!(t.next_wake(), Some(1637.0), "{echo:?}: capped at --resync");
+    }
+}
+
+#[test]
+fn an_echo_before_the_result_no_longer_caps_the_backoff_at_the_window() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let (touches, _) = revert_until(&mut t, &web, 45.0, Echo::Before);
+    assert_eq!(touches, REVERTED[..5]);
+    // The touch at 29 came back as a watch event, asking for a check a window later (34), then
+    // as a result: the retry waits for the backoff.
+    assert_eq!(t.next_wake(), Some(45.0));
+    assert_eq!(t.wake(34.0), []);
+}
+
+#[test]
+fn watch_events_and_resyncs_during_a_backoff_do_not_shorten_it() {
+    let mut t = Test::leader(WatcherConfig {
+        resync: Duration::from_secs(60),
+        ..config()
+    });
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let (touches, _) = revert_until(&mut t, &web, 78.0, Echo::After);
+    assert_eq!(
+        touches,
+        REVERTED[..7],
+        "the touch at 77 waits 64 s, capped at 60"
+    );
+    for second in 78..137 {
+        if second == 120 {
+            assert_eq!(t.wake(120.0), [], "the resync");
+        }
+        assert_eq!(t.workload(f64::from(second), &web), [], "at {second}");
+        let next = if second < 120 { 120.0 } else { 137.0 };
+        assert_eq!(t.next_wake(), Some(next), "at {second}");
+    }
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(137.0), [touch(&web, &stamp, APP_ENV_CHANGED, 7)]);
+    t.touched(137.0, &web, TouchResult::Patched(web.stamp.clone()));
+    assert_eq!(
+        t.next_wake(),
+        Some(180.0),
+        "the resync at 180, the retry at 197"
+    );
+    assert_eq!(t.wake(180.0), []);
+    assert_eq!(t.wake(197.0), [touch(&web, &stamp, APP_ENV_CHANGED, 8)]);
+}
+
+#[test]
+fn a_failed_touch_whose_event_comes_first_backs_off_too() {
+    // A patch stored but answered with an error (a timeout on the way back): the watch shows
+    // the write before the error comes back.
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let failed = || TouchResult::Failed(TouchError::Other("timed out".to_owned()));
+    let mut touches = vec![];
+    while let Some(next) = t.next_wake().filter(|n| *n < 100.0) {
+        for effect in t.wake(next) {
+            if let Effect::Touch(touch) = effect {
+                touches.push((next, touch.attempt));
+                t.workload(next, &web);
+                t.touched(next, &web, failed());
+            }
+        }
+    }
+    assert_eq!(touches, REVERTED[..7]);
+    assert_eq!(t.metrics.touches("error"), 7);
+}
+
+#[test]
+fn a_touch_that_takes_ends_the_backoff() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let (touches, _) = revert_until(&mut t, &web, 30.0, Echo::After);
+    assert_eq!(touches, REVERTED[..5]);
+    // The webhook reads again: the retry at 45 takes.
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(45.0), [touch(&web, &stamp, APP_ENV_CHANGED, 5)]);
+    assert_eq!(
+        t.touched(45.0, &web, TouchResult::Patched(Some(stamp.clone()))),
+        [config_changed(&web, APP_ENV_CHANGED)]
+    );
+    let web = web.stamped(&stamp);
+    assert_eq!(t.workload(45.0, &web), []);
+
+    // The next change is touched when its window closes, as a first attempt.
+    t.config(60.0, app_env("trace"));
+    let next = t.expected(&web);
+    assert_eq!(t.wake(65.0), [touch(&web, &next, APP_ENV_CHANGED, 0)]);
+    // And a failure now starts from the first delay again.
+    t.touched(65.0, &web, TouchResult::Patched(web.stamp.clone()));
+    assert_eq!(t.next_wake(), Some(66.0));
+}
+
+#[test]
+fn a_stamp_written_by_someone_else_ends_the_backoff() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    revert_until(&mut t, &web, 30.0, Echo::After);
+    assert_eq!(t.next_wake(), Some(45.0));
+    // An update of the workload that the webhook stamped: the stamp is right, nothing pending.
+    let stamp = t.expected(&web);
+    let web = web.stamped(&stamp);
+    assert_eq!(t.workload(31.0, &web), []);
+    assert_eq!(t.wake(45.0), []);
+    assert_eq!(t.metric("confighash_touches_pending"), 0.0);
+
+    t.config(50.0, app_env("trace"));
+    let next = t.expected(&web);
+    assert_eq!(t.wake(55.0), [touch(&web, &next, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn a_deleted_workload_loses_its_backoff() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    revert_until(&mut t, &web, 30.0, Echo::After);
+    assert_eq!(t.next_wake(), Some(45.0));
+    let deleted = Watched::Deleted(web.key());
+    assert_eq!(
+        t.feed(31.0, Input::Workload(WorkloadKind::Deployment, deleted)),
+        []
+    );
+    assert_eq!(t.next_wake(), Some(600.0));
+
+    // Created again (another uid, stamped by the webhook): a change touches it at once.
+    let web = W {
+        uid: "uid-web-2".to_owned(),
+        ..web.clone().stamped(&t.expected(&web))
+    };
+    assert_eq!(t.workload(32.0, &web), []);
+    t.config(33.0, app_env("trace"));
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(38.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+}
+
+#[test]
+fn a_new_change_during_a_backoff_waits_for_it_and_is_named_by_the_retry() {
+    let mut t = Test::leader(config());
+    let app = app_env("info");
+    let db = secret(NS, "db", &[("password", "one")]);
+    for (k, v) in [&app, &db] {
+        t.cluster.insert(k.clone(), v.clone());
+    }
+    let web = deployment(NS, "web", &[("configMap", "app-env"), ("secret", "db")]);
+    let web = web.clone().stamped(&t.expected(&web));
+    t.start(&[(NS, true)], &[app, db], &[&web]);
+    t.config(1.0, app_env("debug"));
+    let (touches, _) = revert_until(&mut t, &web, 30.0, Echo::After);
+    assert_eq!(touches, REVERTED[..5]);
+    assert_eq!(t.next_wake(), Some(45.0));
+
+    // The Secret changes: its window closes at 36, and the touch still waits for 45.
+    assert_eq!(t.config(31.0, secret(NS, "db", &[("password", "two")])), []);
+    assert_eq!(t.next_wake(), Some(36.0));
+    assert_eq!(t.wake(36.0), []);
+    assert_eq!(t.next_wake(), Some(45.0));
+    let stamp = t.expected(&web);
+    let both = "ConfigMap app-env, Secret db changed";
+    assert_eq!(t.wake(45.0), [touch(&web, &stamp, both, 5)]);
+    assert_eq!(
+        t.touched(45.0, &web, TouchResult::Patched(Some(stamp))),
+        [config_changed(&web, both)]
+    );
+}
+
+#[test]
+fn leadership_lost_ends_the_backoff_and_a_new_leader_reconciles_afresh() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    revert_until(&mut t, &web, 30.0, Echo::After);
+    assert_eq!(t.next_wake(), Some(45.0));
+    assert_eq!(t.feed(31.0, Input::Leader(false)), []);
+    assert_eq!(t.next_wake(), Some(600.0));
+    assert_eq!(t.feed(32.0, Input::Leader(true)), []);
+    assert_eq!(t.next_wake(), Some(34.0), "a window after the last touch");
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(34.0), [touch(&web, &stamp, STALE_WHY, 0)]);
+}
+
+// ----- terminating namespaces -----
+
+fn roll_on_delete() -> WatcherConfig {
+    WatcherConfig {
+        rules: rules::Options {
+            roll_on_delete: true,
+            ..rules::Options::default()
+        },
+        ..config()
+    }
+}
+
+#[test]
+fn a_terminating_namespace_drops_what_is_pending_and_its_deletions_roll_nothing() {
+    for config in [config(), roll_on_delete()] {
+        let roll = config.rules.roll_on_delete;
+        let mut t = Test::leader(config);
+        let web = shop(&mut t);
+        t.config(1.0, app_env("debug"));
+        // A touch the webhook turned back: retried at 11.
+        let (touches, _) = revert_until(&mut t, &web, 7.0, Echo::After);
+        assert_eq!(touches, REVERTED[..1]);
+        assert_eq!(t.metric("confighash_touches_pending"), 1.0);
+
+        assert_eq!(t.terminate(8.0, NS, true), [], "roll_on_delete {roll}");
+        assert_eq!(t.metric("confighash_touches_pending"), 0.0);
+        assert_eq!(t.next_wake(), Some(600.0), "roll_on_delete {roll}");
+        // Its objects go: deletions of ConfigMaps look like changes, but roll nothing.
+        assert_eq!(t.delete_config(9.0, &app_env("info").0), []);
+        assert_eq!(
+            t.next_wake(),
+            Some(600.0),
+            "roll_on_delete {roll}: no window"
+        );
+        assert_eq!(t.workload(9.5, &web), [], "its own deletion's MODIFIED");
+        assert_eq!(t.wake(14.0), []);
+        assert_eq!(t.wake(600.0), [], "nor does the resync");
+        let deleted = Watched::Deleted(web.key());
+        t.feed(601.0, Input::Workload(WorkloadKind::Deployment, deleted));
+        let deleted = Watched::Deleted(NS.to_owned());
+        assert_eq!(t.feed(602.0, Input::Namespace(deleted)), []);
+        assert_eq!(t.metric("confighash_touches_pending"), 0.0);
+        assert_eq!(t.metric("confighash_touches_in_flight"), 0.0);
+    }
+}
+
+#[test]
+fn a_namespace_that_terminates_while_a_window_is_open_is_left_alone() {
+    for config in [config(), roll_on_delete()] {
+        let roll = config.rules.roll_on_delete;
+        let mut t = Test::leader(config);
+        shop(&mut t);
+        t.config(1.0, app_env("debug"));
+        assert_eq!(t.terminate(2.0, NS, true), []);
+        assert_eq!(t.delete_config(3.0, &app_env("info").0), []);
+        assert_eq!(t.next_wake(), Some(6.0), "roll_on_delete {roll}");
+        assert_eq!(t.wake(6.0), [], "roll_on_delete {roll}");
+        assert_eq!(t.next_wake(), Some(600.0));
+    }
+}
+
+#[test]
+fn a_touch_in_flight_when_its_namespace_terminates_records_no_event_and_is_not_retried() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+    assert_eq!(t.terminate(6.05, NS, true), []);
+    assert_eq!(
+        t.touched(6.1, &web, TouchResult::Patched(Some(stamp.clone()))),
+        [],
+        "no ConfigChanged Event: creates in the namespace are refused"
+    );
+    assert_eq!(t.metrics.touches("touched"), 1);
+
+    // One that failed once before: its second failure would record a TouchFailed Event.
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    t.config(1.0, app_env("debug"));
+    let (touches, _) = revert_until(&mut t, &web, 7.0, Echo::After);
+    assert_eq!(touches, REVERTED[..1]);
+    assert_eq!(t.wake(11.0), [touch(&web, &stamp, APP_ENV_CHANGED, 1)]);
+    assert_eq!(t.metric("confighash_touches_in_flight"), 1.0);
+    assert_eq!(t.terminate(11.05, NS, true), []);
+    let forbidden = TouchResult::Failed(TouchError::Forbidden("403".to_owned()));
+    assert_eq!(t.touched(11.1, &web, forbidden), []);
+    assert_eq!(t.metrics.touches("error"), 1);
+    assert_eq!(t.next_wake(), Some(600.0), "not retried");
+    assert_eq!(t.metric("confighash_touches_pending"), 0.0);
+    assert_eq!(t.metric("confighash_touches_in_flight"), 0.0);
+}
+
+#[test]
+fn a_terminating_namespace_gets_no_event_and_no_touch_from_a_new_leader() {
+    let mut t = Test::follower(WatcherConfig {
+        max_references: 1,
+        ..config()
+    });
+    let app = app_env("info");
+    t.cluster.insert(app.0.clone(), app.1.clone());
+    let big = deployment(NS, "big", &[("configMap", "a"), ("configMap", "b")]);
+    let stale = deployment(NS, "stale", &[("configMap", "app-env")]);
+    let stale = stale.clone().stamped(&t.expected(&stale));
+    let changed = app_env("debug");
+    t.cluster.insert(changed.0.clone(), changed.1.clone());
+    // A stale stamp and a workload over --max-references.
+    assert_eq!(
+        t.start(&[(NS, true)], &[changed], &[&big, &stale]),
+        listed()
+    );
+    assert_eq!(t.terminate(0.5, NS, true), []);
+    assert_eq!(t.feed(1.0, Input::Leader(true)), [], "reconcile skips it");
+    assert_eq!(t.workload(2.0, &big), [], "no TooManyReferences Event");
+    assert_eq!(t.wake(600.0), []);
+
+    // Deleted, and a namespace of the same name made again: a namespace like any other.
+    let deleted = Watched::Deleted(NS.to_owned());
+    t.feed(601.0, Input::Namespace(deleted));
+    t.namespace(602.0, NS, true);
+    let note = "it references more than 1 ConfigMaps and Secrets (--max-references): confighash \
+                does not read them, stamp it or roll it on config changes";
+    let big = W {
+        uid: "uid-big-2".to_owned(),
+        ..big
+    };
+    let deleted = Watched::Deleted(big.key());
+    t.feed(603.0, Input::Workload(WorkloadKind::Deployment, deleted));
+    assert_eq!(
+        t.workload(603.0, &big),
+        [event(
+            &big,
+            EventType::Warning,
+            TOO_MANY_REFERENCES_REASON,
+            "Skip",
+            note
+        )]
+    );
+}
+
+// ----- touches pending and in flight -----
+
+#[test]
+fn touches_pending_and_in_flight_are_gauged() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t);
+    let gauges = |t: &Test| {
+        (
+            t.metric("confighash_touches_pending"),
+            t.metric("confighash_touches_in_flight"),
+        )
+    };
+    assert_eq!(gauges(&t), (0.0, 0.0));
+    t.config(1.0, app_env("debug"));
+    assert_eq!(gauges(&t), (0.0, 0.0), "a window is no touch yet");
+    let first = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &first, APP_ENV_CHANGED, 0)]);
+    assert_eq!(gauges(&t), (0.0, 1.0));
+    // Another change while it is in flight: parked.
+    t.config(7.0, app_env("trace"));
+    t.wake(12.0);
+    assert_eq!(gauges(&t), (1.0, 1.0));
+    assert_eq!(t.metrics.touches_outstanding(), (1, 1));
+    let second = t.expected(&web);
+    let effects = t.touched(13.0, &web, TouchResult::Patched(Some(first.clone())));
+    assert_eq!(effects[1], touch(&web, &second, APP_ENV_CHANGED, 0));
+    assert_eq!(gauges(&t), (0.0, 1.0));
+    // Turned back (the watch has not shown the first stamp yet): pending on its backoff.
+    t.touched(13.1, &web, TouchResult::Patched(web.stamp.clone()));
+    assert_eq!(gauges(&t), (1.0, 0.0));
+    assert_eq!(t.wake(18.0), [touch(&web, &second, APP_ENV_CHANGED, 1)]);
+    assert_eq!(gauges(&t), (0.0, 1.0));
+    t.touched(18.1, &web, TouchResult::Patched(Some(second)));
+    assert_eq!(gauges(&t), (0.0, 0.0));
+    assert_eq!(t.metrics.touches_outstanding(), (0, 0));
+
+    // Scheduled a window ahead: a workload that arrives stale.
+    let api = deployment(NS, "api", &[("configMap", "app-env")]).stamped("v2:x:stale");
+    let api = W {
+        stamp: Some(first.clone()),
+        ..api
+    };
+    t.workload(20.0, &api);
+    assert_eq!(gauges(&t), (1.0, 0.0));
+    assert_eq!(t.feed(21.0, Input::Leader(false)), []);
+    assert_eq!(gauges(&t), (0.0, 0.0), "a follower has nothing pending");
 }
 
 // ----- leadership -----
