@@ -45,6 +45,8 @@ async fn a_label_only_change_rolls_nothing() {
         .await;
     env.deployment("shop", "web", &[("envFrom", "app-env")])
         .await;
+    env.barrier("shop").await;
+    let mark = env.mark("shop").await;
     Api::<ConfigMap>::namespaced(env.client.clone(), "shop")
         .patch(
             "app-env",
@@ -55,6 +57,8 @@ async fn a_label_only_change_rolls_nothing() {
         .unwrap();
     env.barrier("shop").await;
     assert_eq!(env.rollouts("shop", "Deployment", "web").await, 0);
+    env.assert_quiet_since(&mark, "web", "a label-only change")
+        .await;
 }
 
 #[tokio::test]

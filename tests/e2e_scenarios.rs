@@ -131,6 +131,7 @@ async fn only_referenced_keys_of_a_key_reference_roll() {
     let first = env.stamp("s3", "Deployment", "web").await;
     env.barrier("s3").await;
 
+    let mark = env.mark("s3").await;
     env.config_map("s3", "cm", &[("used", "1"), ("other", "b")])
         .await;
     env.barrier("s3").await;
@@ -139,6 +140,8 @@ async fn only_referenced_keys_of_a_key_reference_roll() {
         0,
         "an unreferenced key changed"
     );
+    env.assert_quiet_since(&mark, "web", "an unreferenced key changed")
+        .await;
     assert_eq!(env.stamp("s3", "Deployment", "web").await, first);
 
     env.config_map("s3", "cm", &[("used", "2"), ("other", "b")])
@@ -197,7 +200,7 @@ async fn a_secret_rewritten_continuously_rolls_at_most_once_per_window() {
     // the start, not after each other, so slow writes do not stretch the run into a sixth
     // window.
     const WRITES: u32 = 20;
-    let writes_before = touches(&env);
+    let writes_before = env.touches();
     let barrier_before = env.rollouts("s5", "Deployment", "barrier").await;
     let start = tokio::time::Instant::now();
     let mut written = Vec::new();
@@ -239,15 +242,12 @@ async fn a_secret_rewritten_continuously_rolls_at_most_once_per_window() {
     );
     // Every write confighash made rolled something: no touch was turned back or redundant.
     let barrier = env.rollouts("s5", "Deployment", "barrier").await - barrier_before;
-    assert_eq!(touches(&env) - writes_before, rolled + barrier);
-}
-
-/// Every touch the watcher has made, whatever its outcome.
-fn touches(env: &Env) -> u64 {
-    ["touched", "kept-by-webhook", "gone", "error"]
-        .into_iter()
-        .map(|outcome| env.metrics.touches(outcome))
-        .sum()
+    assert_eq!(
+        env.touches() - writes_before,
+        rolled + barrier,
+        "touches besides {rolled} of web and {barrier} of the barrier ({})",
+        env.touch_outcomes()
+    );
 }
 
 /// How many change windows of length `window` writes at these offsets open: the first write
@@ -313,6 +313,7 @@ async fn a_deleted_required_config_map_rolls_nothing_until_new_content() {
     let first = env.stamp("s7", "Deployment", "web").await;
     env.barrier("s7").await;
 
+    let mark = env.mark("s7").await;
     env.delete_config_map("s7", "app-env").await;
     env.barrier("s7").await;
     assert_eq!(
@@ -335,6 +336,12 @@ async fn a_deleted_required_config_map_rolls_nothing_until_new_content() {
         "re-created with the same content"
     );
     assert_eq!(env.stamp("s7", "Deployment", "web").await, first);
+    env.assert_quiet_since(
+        &mark,
+        "web",
+        "deleted, then re-created with the same content",
+    )
+    .await;
 
     env.config_map("s7", "app-env", &[("LOG_LEVEL", "debug")])
         .await;

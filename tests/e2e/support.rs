@@ -58,6 +58,13 @@ pub struct Env {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// What [`Env::mark`] saw.
+pub struct Mark {
+    namespace: String,
+    touches: u64,
+    barrier_rollouts: u64,
+}
+
 /// Options for the stand-in environment.
 #[derive(Clone)]
 pub struct Setup {
@@ -362,6 +369,70 @@ impl Env {
         }
     }
 
+    /// Every touch the running watcher has made, whatever its outcome: confighash's own writes
+    /// to workloads.
+    pub fn touches(&self) -> u64 {
+        ["touched", "kept-by-webhook", "gone", "error"]
+            .into_iter()
+            .map(|outcome| self.metrics.touches(outcome))
+            .sum()
+    }
+
+    /// The touches by outcome, for messages.
+    pub fn touch_outcomes(&self) -> String {
+        ["touched", "kept-by-webhook", "gone", "error"]
+            .into_iter()
+            .map(|outcome| format!("{outcome} {}", self.metrics.touches(outcome)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Where `namespace` stands now, for [`Env::assert_quiet_since`].
+    pub async fn mark(&self, namespace: &str) -> Mark {
+        Mark {
+            namespace: namespace.to_owned(),
+            touches: self.touches(),
+            barrier_rollouts: self.rollouts(namespace, "Deployment", "barrier").await,
+        }
+    }
+
+    /// Asserts that since `mark` confighash wrote to no workload in its namespace but the
+    /// barrier's, and recorded no `ConfigChanged` Event on `workload` (a touch the webhook turns
+    /// back rolls nothing, so rollout counts alone cannot show it). Call it after a barrier.
+    pub async fn assert_quiet_since(&self, mark: &Mark, workload: &str, what: &str) {
+        let barrier = self
+            .rollouts(&mark.namespace, "Deployment", "barrier")
+            .await
+            - mark.barrier_rollouts;
+        assert_eq!(
+            self.touches() - mark.touches,
+            barrier,
+            "{what}: confighash touched workloads besides the barrier's {barrier} touch(es) ({})",
+            self.touch_outcomes()
+        );
+        assert_eq!(
+            self.events(&mark.namespace, workload, "ConfigChanged")
+                .await,
+            0,
+            "{what}: a ConfigChanged Event on {workload}"
+        );
+    }
+
+    /// How many Events with `reason` are recorded on the object `name` in `namespace`.
+    pub async fn events(&self, namespace: &str, name: &str, reason: &str) -> usize {
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.client.clone(), namespace)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .count()
+    }
+
     /// Polls until the workload has rolled `n` times.
     pub async fn wait_rollouts(&self, namespace: &str, kind: &str, name: &str, n: u64) {
         let start = tokio::time::Instant::now();
@@ -377,6 +448,23 @@ impl Env {
             assert!(
                 start.elapsed() < DEADLINE,
                 "{kind} {namespace}/{name} rolled {now} times, not {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Polls until `check` holds; on timeout the message is `what()` at that time.
+    pub async fn eventually_with<F, Fut>(&self, mut check: F, what: impl Fn() -> String)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let start = tokio::time::Instant::now();
+        while !check().await {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "timed out waiting for {}",
+                what()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -399,6 +487,12 @@ impl Env {
     /// Deployment to roll. Watch events are handled in order, so everything written before the
     /// barrier has been handled by the watcher once it returns (including deciding not to act).
     pub async fn barrier(&self, namespace: &str) {
+        self.roll_barrier(namespace).await;
+        self.settled().await;
+    }
+
+    /// Changes the sentinel ConfigMap and waits for the sentinel Deployment to roll.
+    async fn roll_barrier(&self, namespace: &str) {
         self.wait_synced().await;
         let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
         let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
@@ -421,6 +515,21 @@ impl Env {
         .unwrap();
         self.wait_rollouts(namespace, "Deployment", "barrier", before + 1)
             .await;
+    }
+
+    /// Polls until the watcher has no touch pending or in flight (its own metrics say so), so a
+    /// touch due later cannot land after an "exactly once" check.
+    pub async fn settled(&self) {
+        self.eventually_with(
+            || async { self.metrics.touches_outstanding() == (0, 0) },
+            || {
+                format!(
+                    "the watcher to settle: (pending, in flight) {:?}",
+                    self.metrics.touches_outstanding()
+                )
+            },
+        )
+        .await;
     }
 
     /// Polls until the in-process watcher has listed everything (changes made before that are
