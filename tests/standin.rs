@@ -966,3 +966,223 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
         .await
         .unwrap();
 }
+
+// ----- what kube-apiserver does that a forgiving stand-in would not -----
+
+fn api_status(err: kube::Error) -> kube::core::Status {
+    match err {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// The managedFields entry of `manager` with `operation`, if any.
+fn managed_entry(
+    obj: &serde_json::Value,
+    manager: &str,
+    operation: &str,
+) -> Option<serde_json::Value> {
+    obj.pointer("/metadata/managedFields")?
+        .as_array()?
+        .iter()
+        .find(|e| e["manager"] == manager && e["operation"] == operation)
+        .cloned()
+}
+
+/// Whether `t` is an RFC 3339 time in whole seconds, UTC: `2024-05-01T12:34:56Z`.
+fn is_rfc3339_seconds(t: &str) -> bool {
+    let b = t.as_bytes();
+    b.len() == 20
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[tokio::test]
+async fn a_write_that_a_webhook_turns_back_is_stored_for_its_managed_fields() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
+    register(&client, hook.configuration("confighash", "Fail")).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "on");
+    deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    let rv = server.resource_version();
+    let mut events = deploys
+        .watch(&WatchParams::default(), &rv.to_string())
+        .await
+        .unwrap()
+        .boxed();
+
+    // The request changes the stamp; the webhook turns it back. The object is the same but for
+    // managedFields, which the field manager updated before admission: it is stored.
+    let touch = |manager: &str| {
+        (
+            PatchParams {
+                field_manager: Some(manager.to_owned()),
+                ..Default::default()
+            },
+            Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+                "confighash.dev/checksum": "other"
+            }}}}})),
+        )
+    };
+    let (params, patch) = touch("tester");
+    let touched = deploys.patch("web", &params, &patch).await.unwrap();
+    assert_eq!(
+        template_annotation(&touched, "confighash.dev/checksum").as_deref(),
+        Some("stamped"),
+        "the webhook turned the change back"
+    );
+    assert!(server.resource_version() > rv, "the write was stored");
+    assert_eq!(
+        server.rollouts("on", "Deployment", "web"),
+        0,
+        "the template did not change"
+    );
+    let stored = serde_json::to_value(&touched).unwrap();
+    let entry = managed_entry(&stored, "tester", "Update").expect("an entry for the manager");
+    assert_eq!(entry["apiVersion"], "apps/v1");
+    assert_eq!(entry["fieldsType"], "FieldsV1");
+    assert!(
+        is_rfc3339_seconds(entry["time"].as_str().unwrap()),
+        "{entry}"
+    );
+    assert_eq!(
+        entry["fieldsV1"],
+        json!({"f:spec": {"f:template": {"f:metadata": {"f:annotations": {
+            "f:confighash.dev/checksum": {}
+        }}}}})
+    );
+    match tokio::time::timeout(DEADLINE, events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Some(WatchEvent::Modified(d)) => {
+            assert_eq!(d.resource_version(), touched.resource_version());
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+
+    // The same manager changing the same field again changes no field set, only a timestamp:
+    // as kube-apiserver's IgnoreManagedFieldsTimestampsTransformer does, nothing is written.
+    let rv = server.resource_version();
+    let (params, patch) = touch("tester");
+    deploys.patch("web", &params, &patch).await.unwrap();
+    assert_eq!(
+        server.resource_version(),
+        rv,
+        "only a timestamp would change"
+    );
+
+    // A request that changes nothing before admission writes nothing either.
+    let unchanged = Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+        "confighash.dev/checksum": "stamped"
+    }}}}}));
+    deploys.patch("web", &params, &unchanged).await.unwrap();
+    assert_eq!(server.resource_version(), rv);
+
+    // Another manager taking the field over is a change of managedFields: stored again.
+    let (params, patch) = touch("another");
+    let taken = deploys.patch("web", &params, &patch).await.unwrap();
+    assert!(server.resource_version() > rv);
+    let taken = serde_json::to_value(&taken).unwrap();
+    assert!(managed_entry(&taken, "another", "Update").is_some());
+    assert!(
+        managed_entry(&taken, "tester", "Update").is_none(),
+        "an entry left with no field is dropped: {}",
+        taken["metadata"]["managedFields"]
+    );
+    assert_eq!(hook.calls(), 5, "every write went through admission");
+}
+
+#[tokio::test]
+async fn the_field_manager_is_named_by_the_request_or_its_user_agent() {
+    let server = ApiServer::start().await;
+    let plain = server.client();
+    create_namespace(&plain, "ns", &[]).await;
+    let mut config = server.config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        "kubectl/v1.33.0 (linux/amd64) kubernetes/abcdef0"
+            .parse()
+            .unwrap(),
+    ));
+    let kubectl: Api<ConfigMap> = Api::namespaced(Client::try_from(config).unwrap(), "ns");
+    let cms: Api<ConfigMap> = Api::namespaced(plain, "ns");
+
+    // A create is an Update operation of the User-Agent's first segment.
+    let created = kubectl
+        .create(
+            &PostParams::default(),
+            &config_map("by-kubectl", &[("k", "1")]),
+        )
+        .await
+        .unwrap();
+    let created = serde_json::to_value(&created).unwrap();
+    let entry = managed_entry(&created, "kubectl", "Update").expect("kubectl's entry");
+    assert_eq!(entry["fieldsV1"], json!({"f:data": {"f:k": {}}}));
+
+    // Without a User-Agent or a fieldManager: "unknown".
+    let anonymous = cms
+        .create(
+            &PostParams::default(),
+            &config_map("anonymous", &[("k", "1")]),
+        )
+        .await
+        .unwrap();
+    let anonymous = serde_json::to_value(&anonymous).unwrap();
+    assert!(
+        managed_entry(&anonymous, "unknown", "Update").is_some(),
+        "{anonymous}"
+    );
+
+    // fieldManager wins over the User-Agent; the manager owns what it changed.
+    let params = PatchParams {
+        field_manager: Some("editor".into()),
+        ..Default::default()
+    };
+    let patched = kubectl
+        .patch(
+            "by-kubectl",
+            &params,
+            &Patch::Merge(json!({"data": {"k": "2", "extra": "x"}})),
+        )
+        .await
+        .unwrap();
+    let patched = serde_json::to_value(&patched).unwrap();
+    assert_eq!(
+        managed_entry(&patched, "editor", "Update").unwrap()["fieldsV1"],
+        json!({"f:data": {"f:extra": {}, "f:k": {}}})
+    );
+    assert!(
+        managed_entry(&patched, "kubectl", "Update").is_none(),
+        "kubectl's only field was taken over"
+    );
+
+    // Server-side apply records an Apply operation with the applied fields.
+    let applied = cms
+        .patch(
+            "applied",
+            &PatchParams::apply("applier"),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "applied"}, "data": {"a": "1"}
+            })),
+        )
+        .await
+        .unwrap();
+    let applied = serde_json::to_value(&applied).unwrap();
+    assert_eq!(
+        managed_entry(&applied, "applier", "Apply").unwrap()["fieldsV1"],
+        json!({"f:data": {"f:a": {}}})
+    );
+}
