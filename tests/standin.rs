@@ -1186,3 +1186,214 @@ async fn the_field_manager_is_named_by_the_request_or_its_user_agent() {
         json!({"f:data": {"f:a": {}}})
     );
 }
+
+#[tokio::test]
+async fn every_namespace_is_labelled_with_its_name() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    create_namespace(&client, "team-a", &[("tier", "web")]).await;
+    let label = |ns: &k8s_openapi::api::core::v1::Namespace| {
+        ns.labels().get("kubernetes.io/metadata.name").cloned()
+    };
+    let created = namespaces.get("team-a").await.unwrap();
+    assert_eq!(label(&created).as_deref(), Some("team-a"));
+    assert_eq!(created.labels()["tier"], "web");
+    assert_eq!(
+        created.spec.as_ref().unwrap().finalizers.as_deref(),
+        Some(&["kubernetes".to_owned()][..])
+    );
+    // Removing or changing it does not stick: defaulting sets it again.
+    let patched = namespaces
+        .patch(
+            "team-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kubernetes.io/metadata.name": null}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(label(&patched).as_deref(), Some("team-a"));
+    let mut replaced = patched.clone();
+    replaced.metadata.labels = Some(BTreeMap::from([(
+        "kubernetes.io/metadata.name".into(),
+        "other".into(),
+    )]));
+    let replaced = namespaces
+        .replace("team-a", &PostParams::default(), &replaced)
+        .await
+        .unwrap();
+    assert_eq!(label(&replaced).as_deref(), Some("team-a"));
+    assert_eq!(
+        replaced.labels().get("tier"),
+        None,
+        "the rest of the PUT applies"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_namespace_terminates_it_then_deletes_its_content_and_it_last() {
+    let server = ApiServer::start_with(apiserver::Options {
+        namespace_termination: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    create_namespace(&client, "doomed", &[("team", "a")]).await;
+    create_namespace(&client, "kept", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    for name in ["one", "two", "three"] {
+        cms.create(&PostParams::default(), &config_map(name, &[]))
+            .await
+            .unwrap();
+    }
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "doomed");
+    deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), "kept")
+        .create(&PostParams::default(), &config_map("safe", &[]))
+        .await
+        .unwrap();
+
+    // Every write from here on, in resourceVersion order, as "TYPE kind name".
+    let rv = server.resource_version().to_string();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(
+        u64,
+        String,
+        std::time::Instant,
+    )>::new()));
+    let mut watches = Vec::new();
+    macro_rules! record {
+        ($api:expr, $kind:literal) => {{
+            let mut stream = $api
+                .watch(&WatchParams::default(), &rv)
+                .await
+                .unwrap()
+                .boxed();
+            let seen = seen.clone();
+            watches.push(tokio::spawn(async move {
+                while let Ok(Some(event)) = stream.try_next().await {
+                    let (what, obj) = match event {
+                        WatchEvent::Added(o) => ("ADDED", o),
+                        WatchEvent::Modified(o) => ("MODIFIED", o),
+                        WatchEvent::Deleted(o) => ("DELETED", o),
+                        _ => continue,
+                    };
+                    let rv: u64 = obj.resource_version().unwrap().parse().unwrap();
+                    let event = format!("{what} {} {}", $kind, obj.name_any());
+                    seen.lock()
+                        .unwrap()
+                        .push((rv, event, std::time::Instant::now()));
+                }
+            }));
+        }};
+    }
+    record!(namespaces, "Namespace");
+    record!(Api::<ConfigMap>::all(client.clone()), "ConfigMap");
+    record!(Api::<Deployment>::all(client.clone()), "Deployment");
+
+    let deleted_at = std::time::Instant::now();
+    let answer = namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("the Namespace, not a Status");
+    assert!(answer.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        answer.status.as_ref().unwrap().phase.as_deref(),
+        Some("Terminating")
+    );
+    assert_eq!(answer.labels()["team"], "a", "labels are kept");
+
+    // Terminating, not gone: no new content, but what is there can still be read and written.
+    let err = api_status(
+        cms.create(&PostParams::default(), &config_map("late", &[]))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        err.message,
+        "configmaps \"late\" is forbidden: unable to create new content in namespace doomed \
+         because it is being terminated"
+    );
+    assert_eq!(
+        err.details.unwrap().causes[0].reason,
+        "NamespaceTerminating"
+    );
+    deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("updates are allowed while terminating");
+    assert_eq!(
+        namespaces
+            .delete("doomed", &DeleteParams::default())
+            .await
+            .unwrap()
+            .left()
+            .unwrap()
+            .metadata
+            .deletion_timestamp,
+        answer.metadata.deletion_timestamp,
+        "a second DELETE changes nothing"
+    );
+    assert!(
+        cms.list(&ListParams::default()).await.unwrap().items.len() > 1,
+        "the content is not deleted at once"
+    );
+
+    wait::eventually("the namespace to be deleted", || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt("doomed").await.unwrap().is_none() }
+    })
+    .await;
+    let expected = 1 + 4 + 1 + 1 + 1; // terminating, content, conditions, the patch, deleted
+    wait::eventually("every event", || {
+        let n = seen.lock().unwrap().len();
+        async move { n >= expected }
+    })
+    .await;
+    for w in watches {
+        w.abort();
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    let order: Vec<&str> = seen.iter().map(|(_, e, _)| e.as_str()).collect();
+    assert_eq!(order[0], "MODIFIED Namespace doomed", "{order:#?}");
+    assert_eq!(order[1], "MODIFIED Deployment web", "{order:#?}");
+    let mut content: Vec<&str> = order[2..6].to_vec();
+    content.sort();
+    assert_eq!(
+        content,
+        [
+            "DELETED ConfigMap one",
+            "DELETED ConfigMap three",
+            "DELETED ConfigMap two",
+            "DELETED Deployment web"
+        ],
+        "{order:#?}"
+    );
+    assert_eq!(
+        &order[6..],
+        ["MODIFIED Namespace doomed", "DELETED Namespace doomed"],
+        "{order:#?}"
+    );
+    // The deletions were spread over the termination time (2 s for 4 objects: one each 400 ms),
+    // and the Namespace went last, after it.
+    let spread = seen[5].2 - seen[2].2;
+    assert!(spread >= Duration::from_millis(600), "{spread:?}");
+    let last = seen[7].2 - deleted_at;
+    assert!(last >= Duration::from_secs(2), "{last:?}");
+    // Other namespaces are untouched.
+    Api::<ConfigMap>::namespaced(client, "kept")
+        .get("safe")
+        .await
+        .unwrap();
+}
