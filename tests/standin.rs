@@ -1397,3 +1397,107 @@ async fn deleting_a_namespace_terminates_it_then_deletes_its_content_and_it_last
         .await
         .unwrap();
 }
+
+/// A webhook that sets the annotation `admitted` of the object itself (not its template) to the
+/// AdmissionReview's uid: a change on every call.
+async fn annotating_the_object() -> TestWebhook {
+    TestWebhook::start(|request| {
+        use base64::Engine;
+        let mut ops = Vec::new();
+        if request
+            .pointer("/object/metadata/annotations")
+            .is_none_or(serde_json::Value::is_null)
+        {
+            ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        }
+        ops.push(
+            json!({"op": "add", "path": "/metadata/annotations/admitted", "value": request["uid"]}),
+        );
+        let patch = base64::engine::general_purpose::STANDARD.encode(json!(ops).to_string());
+        json!({"allowed": true, "patchType": "JSONPatch", "patch": patch})
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_deployment_generation_follows_its_annotations_as_admission_left_them() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "plain", &[]).await;
+    create_namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "plain");
+    let generation = |d: &Deployment| d.metadata.generation.unwrap();
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    let d = deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 1);
+    // kube's Deployment strategy: an annotation change bumps the generation (annotations are
+    // copied to ReplicaSets); a label change does not.
+    let d = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"annotations": {"a": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 2);
+    let d = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"l": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 2);
+    let d = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 3);
+
+    // Other kinds follow their spec only.
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(client.clone(), "plain");
+    let set = build::workload(confighash::core::workload::WorkloadKind::StatefulSet, "db")
+        .without_namespace()
+        .typed();
+    sets.create(&PostParams::default(), &set).await.unwrap();
+    let set = sets
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"annotations": {"a": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(set.metadata.generation, Some(1));
+
+    // Computed after mutating admission: a label change that a webhook turns into an annotation
+    // change bumps the generation.
+    let hook = annotating_the_object().await;
+    register(&client, hook.configuration("annotate", "Fail")).await;
+    let on: Api<Deployment> = Api::namespaced(client.clone(), "on");
+    let d = on
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 1);
+    let d = on
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"l": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert!(d.annotations().contains_key("admitted"));
+    assert_eq!(generation(&d), 2);
+}
