@@ -1501,3 +1501,87 @@ async fn a_deployment_generation_follows_its_annotations_as_admission_left_them(
     assert!(d.annotations().contains_key("admitted"));
     assert_eq!(generation(&d), 2);
 }
+
+#[tokio::test]
+async fn admission_reads_namespace_labels_from_a_lagging_cache() {
+    let lag = Duration::from_secs(1);
+    let server = ApiServer::start_with(apiserver::Options {
+        namespace_cache_lag: lag,
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
+    register(&client, hook.configuration("confighash", "Fail")).await;
+    let stamped = |d: &Deployment| template_annotation(d, "confighash.dev/checksum").is_some();
+
+    // A namespace the cache does not have yet is read live: its labels count at once.
+    create_namespace(&client, "fresh", &[("confighash.dev/enabled", "true")]).await;
+    assert!(server.cached_namespace("fresh").is_none());
+    let fresh: Api<Deployment> = Api::namespaced(client.clone(), "fresh");
+    let d = fresh
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert!(stamped(&d), "read live");
+
+    // Once the cache has a namespace, a label set just now is not seen yet: a create right
+    // after opting the namespace in misses the webhook.
+    create_namespace(&client, "late", &[]).await;
+    wait::eventually("the cache to have the namespace", || {
+        let cached = server.cached_namespace("late").is_some();
+        async move { cached }
+    })
+    .await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let labelled = std::time::Instant::now();
+    namespaces
+        .patch(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": "true"}}})),
+        )
+        .await
+        .unwrap();
+    let late: Api<Deployment> = Api::namespaced(client.clone(), "late");
+    let missed = late
+        .create(&PostParams::default(), &deployment("missed"))
+        .await
+        .unwrap();
+    assert!(
+        labelled.elapsed() < lag,
+        "the test was too slow to show the lag"
+    );
+    assert!(!stamped(&missed), "the cache still had the old labels");
+
+    // The cache catches up, and then the webhook is called.
+    wait::eventually("the cache to have the label", || {
+        let opted_in = server
+            .cached_namespace("late")
+            .is_some_and(|ns| ns["metadata"]["labels"]["confighash.dev/enabled"] == "true");
+        async move { opted_in }
+    })
+    .await;
+    assert!(labelled.elapsed() >= lag);
+    let d = late
+        .create(&PostParams::default(), &deployment("caught-up"))
+        .await
+        .unwrap();
+    assert!(stamped(&d));
+
+    // The lag can be changed at run time; zero reads the store itself.
+    server.set_namespace_cache_lag(Duration::ZERO);
+    namespaces
+        .patch(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": null}}})),
+        )
+        .await
+        .unwrap();
+    let d = late
+        .create(&PostParams::default(), &deployment("after"))
+        .await
+        .unwrap();
+    assert!(!stamped(&d));
+}

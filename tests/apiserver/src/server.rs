@@ -293,6 +293,15 @@ impl ApiServer {
         *lock(&self.shared.namespace_lag) = lag;
     }
 
+    /// The Namespace `name` as admission's lagging view of the Namespaces holds it now; None when
+    /// that view does not have it (not yet, or no longer), when admission reads it live.
+    pub fn cached_namespace(&self, name: &str) -> Option<Value> {
+        let lag = *lock(&self.shared.namespace_lag);
+        lock(&self.shared.store)
+            .namespace_as_of(name, lag)
+            .map(|v| (*v).clone())
+    }
+
     /// Installs or removes the Argo Rollouts CRD.
     pub fn set_rollouts_served(&self, served: bool) {
         self.shared.rollouts_served.store(served, Ordering::SeqCst);
