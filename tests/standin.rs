@@ -1585,3 +1585,195 @@ async fn admission_reads_namespace_labels_from_a_lagging_cache() {
         .unwrap();
     assert!(!stamped(&d));
 }
+
+#[tokio::test]
+async fn strategic_merge_patches_merge_each_list_by_its_own_key() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "ns");
+    let d = build::deployment("web")
+        .without_namespace()
+        .pod_spec(json!({
+            "containers": [{
+                "name": "app", "image": "example/app:1",
+                "env": [{"name": "A", "value": "1"}],
+                "envFrom": [{"configMapRef": {"name": "one"}}],
+                "ports": [{"containerPort": 80}],
+                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/a"}]
+            }],
+            "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}],
+            "tolerations": [{"key": "a", "operator": "Exists"}],
+            "imagePullSecrets": [{"name": "pull-a"}]
+        }))
+        .typed::<Deployment>();
+    deploys.create(&PostParams::default(), &d).await.unwrap();
+    let strategic = |patch: serde_json::Value| Patch::Strategic(patch);
+    let pod = |patch: serde_json::Value| json!({"spec": {"template": {"spec": patch}}});
+
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(pod(json!({
+                "containers": [{
+                    "name": "app",
+                    "env": [{"name": "B", "value": "2"}],
+                    "envFrom": [{"secretRef": {"name": "two"}}],
+                    "ports": [{"containerPort": 81}],
+                    "volumeMounts": [{"name": "more", "mountPath": "/etc/b"}]
+                }],
+                "volumes": [{"name": "more", "emptyDir": {}}],
+                "tolerations": [{"key": "b", "operator": "Exists"}],
+                "imagePullSecrets": [{"name": "pull-b"}]
+            }))),
+        )
+        .await
+        .unwrap();
+    let spec = serde_json::to_value(patched.spec.unwrap().template.spec.unwrap()).unwrap();
+    let names = |list: &str, key: &str| -> Vec<String> {
+        spec.pointer(list)
+            .and_then(serde_json::Value::as_array)
+            .unwrap()
+            .iter()
+            .map(|i| i[key].to_string().trim_matches('"').to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names("/containers/0/env", "name"),
+        ["A", "B"],
+        "env merges by name"
+    );
+    assert_eq!(
+        names("/containers/0/ports", "containerPort"),
+        ["80", "81"],
+        "ports by containerPort"
+    );
+    assert_eq!(
+        names("/containers/0/volumeMounts", "mountPath"),
+        ["/etc/a", "/etc/b"],
+        "mounts by mountPath"
+    );
+    assert_eq!(
+        names("/volumes", "name"),
+        ["cfg", "more"],
+        "volumes by name"
+    );
+    assert_eq!(
+        names("/imagePullSecrets", "name"),
+        ["pull-a", "pull-b"],
+        "pull secrets by name"
+    );
+    assert_eq!(
+        spec["containers"][0]["envFrom"],
+        json!([{"secretRef": {"name": "two"}}]),
+        "envFrom has no merge key: replaced"
+    );
+    assert_eq!(
+        spec["tolerations"],
+        json!([{"key": "b", "operator": "Exists"}]),
+        "tolerations have none: replaced"
+    );
+    assert_eq!(
+        spec["containers"][0]["image"], "example/app:1",
+        "the container merged"
+    );
+
+    // Directives: delete an item by its key; retain only the listed keys of a volume.
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(pod(json!({
+                "containers": [{"name": "app", "volumeMounts": [{"mountPath": "/etc/a", "$patch": "delete"}]}],
+                "volumes": [{"name": "cfg", "emptyDir": {}, "$retainKeys": ["emptyDir", "name"]}]
+            }))),
+        )
+        .await
+        .unwrap();
+    let spec = serde_json::to_value(patched.spec.unwrap().template.spec.unwrap()).unwrap();
+    assert_eq!(
+        spec["containers"][0]["volumeMounts"],
+        json!([{"name": "more", "mountPath": "/etc/b"}])
+    );
+    assert_eq!(spec["volumes"][0], json!({"name": "cfg", "emptyDir": {}}));
+
+    // Finalizers merge as a set.
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(json!({"metadata": {"finalizers": ["a", "b"]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.finalizers.unwrap(), ["a", "b"]);
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(json!({"metadata": {"finalizers": ["c"], "$deleteFromPrimitiveList/finalizers": ["a"]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.finalizers.unwrap(), ["b", "c"]);
+
+    // A list whose merge rule is not known is refused, not guessed at; so is an item without
+    // its list's merge key. Neither stores anything.
+    let rv = server.resource_version();
+    let err = api_status(
+        deploys
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &strategic(pod(json!({"madeUp": [{"name": "x"}]}))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 400, "{}", err.message);
+    assert!(
+        err.message.contains("spec.template.spec.madeUp"),
+        "{}",
+        err.message
+    );
+    let err = api_status(
+        deploys
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &strategic(pod(json!({"containers": [{"image": "x"}]}))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422, "{}", err.message);
+    assert!(
+        err.message
+            .contains("does not contain declared merge key: name"),
+        "{}",
+        err.message
+    );
+    assert_eq!(server.resource_version(), rv);
+
+    // Custom resources have no patch strategies: kube-apiserver does not take the media type.
+    let rollouts: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client,
+        "ns",
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout"),
+            "rollouts",
+        ),
+    );
+    let err = api_status(
+        rollouts
+            .patch(
+                "any",
+                &PatchParams::default(),
+                &strategic(json!({"spec": {}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 415, "{}", err.message);
+}
