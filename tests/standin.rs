@@ -1777,3 +1777,187 @@ async fn strategic_merge_patches_merge_each_list_by_its_own_key() {
     );
     assert_eq!(err.code, 415, "{}", err.message);
 }
+
+#[tokio::test]
+async fn watch_lists_stream_the_state_then_a_bookmark_then_changes() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
+    for name in ["a", "b"] {
+        cms.create(&PostParams::default(), &config_map(name, &[]))
+            .await
+            .unwrap();
+    }
+    let listed_at = server.resource_version();
+
+    // sendInitialEvents=true&resourceVersionMatch=NotOlderThan: ADDED for each object, one at a
+    // time, then a bookmark marked as the end of the initial events, then changes.
+    let mut stream = cms
+        .watch(&WatchParams::default().initial_events(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let mut next = async || {
+        tokio::time::timeout(DEADLINE, stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    let mut added = Vec::new();
+    for _ in 0..2 {
+        match next().await {
+            WatchEvent::Added(cm) => added.push(cm.name_any()),
+            other => panic!("expected ADDED, got {other:?}"),
+        }
+    }
+    added.sort();
+    assert_eq!(added, ["a", "b"]);
+    match next().await {
+        WatchEvent::Bookmark(b) => {
+            assert_eq!(
+                b.metadata
+                    .annotations
+                    .get("k8s.io/initial-events-end")
+                    .map(String::as_str),
+                Some("true")
+            );
+            assert_eq!(b.metadata.resource_version, listed_at.to_string());
+        }
+        other => panic!("expected the initial-events-end BOOKMARK, got {other:?}"),
+    }
+    cms.create(&PostParams::default(), &config_map("c", &[]))
+        .await
+        .unwrap();
+    loop {
+        match next().await {
+            WatchEvent::Added(cm) => {
+                assert_eq!(cm.name_any(), "c");
+                break;
+            }
+            // Periodic bookmarks may come first.
+            WatchEvent::Bookmark(_) => {}
+            other => panic!("expected ADDED c, got {other:?}"),
+        }
+    }
+
+    // kube-runtime's watcher with streaming lists: Init, the objects, InitDone, then changes.
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let task = {
+        let events = events.clone();
+        let stream = watcher(cms.clone(), watcher::Config::default().streaming_lists());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let text = match event {
+                    Ok(watcher::Event::Init) => "Init".to_owned(),
+                    Ok(watcher::Event::InitApply(cm)) => format!("InitApply {}", cm.name_any()),
+                    Ok(watcher::Event::InitDone) => "InitDone".to_owned(),
+                    Ok(watcher::Event::Apply(cm)) => format!("Apply {}", cm.name_any()),
+                    Ok(watcher::Event::Delete(cm)) => format!("Delete {}", cm.name_any()),
+                    Err(e) => format!("error {e}"),
+                };
+                events.lock().unwrap().push(text);
+            }
+        })
+    };
+    wait::eventually("the streamed list", || {
+        let done = events.lock().unwrap().iter().any(|e| e == "InitDone");
+        async move { done }
+    })
+    .await;
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    wait::eventually("the change after the list", || {
+        let done = events.lock().unwrap().iter().any(|e| e == "Delete a");
+        async move { done }
+    })
+    .await;
+    task.abort();
+    let events = events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [
+            "Init",
+            "InitApply a",
+            "InitApply b",
+            "InitApply c",
+            "InitDone",
+            "Delete a"
+        ]
+    );
+    assert_eq!(
+        server
+            .requests()
+            .iter()
+            .filter(|(verb, _)| verb == "list")
+            .count(),
+        0,
+        "no list was needed"
+    );
+}
+
+#[tokio::test]
+async fn watch_list_options_that_do_not_fit_are_refused_as_kube_apiserver_refuses_them() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let get = async |client: &Client, query: &str| {
+        let req = http::Request::get(format!("/api/v1/namespaces/ns/configmaps?{query}"))
+            .body(Vec::new())
+            .unwrap();
+        api_status(client.request::<serde_json::Value>(req).await.unwrap_err())
+    };
+    let invalid = "ListOptions.meta.k8s.io \"\" is invalid: ";
+    let err = get(&client, "watch=true&sendInitialEvents=true").await;
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+        )
+    );
+    let err = get(
+        &client,
+        "watch=true&resourceVersion=5&resourceVersionMatch=NotOlderThan",
+    )
+    .await;
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"
+        )
+    );
+    let err = get(
+        &client,
+        "watch=true&sendInitialEvents=true&resourceVersionMatch=Exact",
+    )
+    .await;
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}[resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan, resourceVersionMatch: Unsupported value: \"Exact\": supported values: \"NotOlderThan\"]"
+        )
+    );
+    let err = get(&client, "sendInitialEvents=true").await;
+    assert_eq!(
+        err.message,
+        format!("{invalid}sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list")
+    );
+    assert_eq!(err.code, 422);
+
+    // A cluster with the WatchList feature gate off (Kubernetes 1.33's default) refuses them.
+    let off = ApiServer::start_with(apiserver::Options {
+        watch_list: false,
+        ..Default::default()
+    })
+    .await;
+    create_namespace(&off.client(), "ns", &[]).await;
+    let err = get(&off.client(), "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true").await;
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+        )
+    );
+}
