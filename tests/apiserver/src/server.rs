@@ -42,8 +42,10 @@ pub struct Options {
     pub namespace_termination: Duration,
     /// How far admission's view of the Namespaces (for webhooks' namespaceSelectors and for
     /// refusing creates in terminating namespaces) lags behind the store, as kube-apiserver's
-    /// informer cache does (default zero; in a cluster, usually milliseconds). Changeable at run
-    /// time with `ApiServer::set_namespace_cache_lag`.
+    /// informer cache does (in a cluster, usually milliseconds). The default is zero, so that a
+    /// test that relabels a namespace and then writes in it sees one outcome, not one that
+    /// depends on its timing; a test about that race sets a lag. Changeable at run time with
+    /// `ApiServer::set_namespace_cache_lag`.
     pub namespace_cache_lag: Duration,
     /// Whether watch lists (`sendInitialEvents`) are served: kube-apiserver's `WatchList` feature
     /// gate (on by default in 1.32 and from 1.34, off in 1.33). When off, a watch that asks for
