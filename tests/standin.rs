@@ -1961,3 +1961,54 @@ async fn watch_list_options_that_do_not_fit_are_refused_as_kube_apiserver_refuse
         )
     );
 }
+
+#[tokio::test]
+async fn a_create_a_lagging_view_lets_into_a_terminating_namespace_is_deleted_with_it() {
+    let lag = Duration::from_secs(1);
+    let server = ApiServer::start_with(apiserver::Options {
+        namespace_cache_lag: lag,
+        namespace_termination: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    create_namespace(&client, "doomed", &[]).await;
+    wait::eventually("the cache to have the namespace", || {
+        let cached = server.cached_namespace("doomed").is_some();
+        async move { cached }
+    })
+    .await;
+    let deleting = std::time::Instant::now();
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    // NamespaceLifecycle reads its lagging view, which still says Active.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    cms.create(&PostParams::default(), &config_map("sneaked-in", &[]))
+        .await
+        .expect("the lagging view lets it in");
+    assert!(
+        deleting.elapsed() < lag,
+        "the test was too slow to show the lag"
+    );
+    // The namespace controller deletes it with the rest.
+    wait::eventually("the namespace to be deleted", || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt("doomed").await.unwrap().is_none() }
+    })
+    .await;
+    assert!(
+        server
+            .object("configmaps", "doomed", "sneaked-in")
+            .is_none()
+    );
+    // Once the view has caught up, creates are refused until the namespace is gone, and then
+    // they are NotFound.
+    let err = cms
+        .create(&PostParams::default(), &config_map("too-late", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 404);
+}
