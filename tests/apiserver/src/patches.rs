@@ -255,9 +255,10 @@ fn strip(v: &Value) -> Value {
 /// `application/apply-patch+yaml` (server-side apply), simplified.
 ///
 /// Creates the object when absent; otherwise merges the applied configuration over the stored
-/// object. Unlike kube-apiserver it keeps no managedFields, so a field the manager stops applying
-/// is not removed and there are no conflicts between managers; confighash applies whole objects
-/// it alone manages, where the two behave the same.
+/// object. The applier's fields are recorded in managedFields (see `managed`), but unlike
+/// kube-apiserver a field the manager stops applying is not removed and there are no conflicts
+/// between managers; confighash applies whole objects it alone manages, where the two behave
+/// the same.
 pub fn apply(existing: Option<&Value>, applied: &Value) -> Value {
     match existing {
         None => applied.clone(),
