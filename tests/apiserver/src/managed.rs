@@ -476,3 +476,135 @@ pub fn equal_but_for_time(a: &Value, b: &Value) -> bool {
     };
     strip(a) == strip(b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write<'a>(manager: &'a str, now: &'a str) -> Write<'a> {
+        Write {
+            group: "apps",
+            kind: "Deployment",
+            api_version: "apps/v1",
+            manager,
+            now,
+        }
+    }
+
+    fn deployment(image: &str, env: Value) -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u", "resourceVersion": "5"},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "app", "image": image, "env": env}
+            ]}}},
+            "status": {"replicas": 1}
+        })
+    }
+
+    fn with_entries(mut obj: Value, entries: &[Entry]) -> Value {
+        obj["metadata"]["managedFields"] = to_json(entries);
+        obj
+    }
+
+    #[test]
+    fn a_create_owns_its_leaves_with_lists_keyed_by_their_merge_keys() {
+        let obj = deployment("a:1", json!([{"name": "X", "value": "1"}]));
+        let entries = update(&write("kubectl", "2024-01-01T00:00:00Z"), None, &obj);
+        assert_eq!(entries.len(), 1);
+        let json = to_json(&entries);
+        assert_eq!(
+            json[0]["fieldsV1"],
+            json!({"f:spec": {"f:template": {"f:spec": {"f:containers": {
+                "k:{\"name\":\"app\"}": {
+                    "f:env": {"k:{\"name\":\"X\"}": {"f:name": {}, "f:value": {}}},
+                    "f:image": {},
+                    "f:name": {}
+                }
+            }}}}}),
+            "identity, server-set metadata and status are not tracked"
+        );
+        assert_eq!(json[0]["operation"], "Update");
+        assert_eq!(json[0]["time"], "2024-01-01T00:00:00Z");
+        // fieldsV1 parses back to the same set.
+        let parsed = entries_of(&with_entries(obj, &entries)).unwrap();
+        assert_eq!(parsed, entries);
+    }
+
+    #[test]
+    fn an_update_takes_what_it_changed_and_everyone_loses_what_it_removed() {
+        let first = deployment("a:1", json!([{"name": "X", "value": "1"}]));
+        let created = update(&write("kubectl", "2024-01-01T00:00:00Z"), None, &first);
+        let live = with_entries(first, &created);
+        let mut next = live.clone();
+        next["spec"]["template"]["spec"]["containers"][0]["image"] = json!("a:2");
+        next["spec"]["template"]["spec"]["containers"][0]["env"] = json!([]);
+        let entries = update(&write("ci", "2024-01-01T00:00:09Z"), Some(&live), &next);
+        let by = |m: &str| {
+            entries
+                .iter()
+                .find(|e| e.manager == m)
+                .unwrap()
+                .fields
+                .clone()
+        };
+        let image: Path = [
+            "f:spec",
+            "f:template",
+            "f:spec",
+            "f:containers",
+            "k:{\"name\":\"app\"}",
+            "f:image",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert!(by("ci").contains(&image));
+        assert!(!by("kubectl").contains(&image), "taken over");
+        assert!(
+            by("kubectl")
+                .iter()
+                .all(|p| !p.iter().any(|e| e == "f:env")),
+            "the removed env items are nobody's"
+        );
+        // An update that changes nothing leaves managedFields alone, time included.
+        let live = with_entries(next.clone(), &entries);
+        let again = update(&write("ci", "2024-01-01T00:00:30Z"), Some(&live), &live);
+        assert_eq!(again, entries);
+    }
+
+    #[test]
+    fn a_node_owned_with_owned_children_is_written_with_a_dot() {
+        let set: FieldSet = [
+            vec!["f:data".to_owned()],
+            vec!["f:data".to_owned(), "f:k".to_owned()],
+        ]
+        .into_iter()
+        .collect();
+        let v = fields_v1(&set);
+        assert_eq!(v, json!({"f:data": {".": {}, "f:k": {}}}));
+        let mut parsed = FieldSet::new();
+        parse_fields(&v, &[], &mut parsed).unwrap();
+        assert_eq!(parsed, set);
+    }
+
+    #[test]
+    fn the_manager_comes_from_field_manager_or_the_user_agent() {
+        assert_eq!(manager_of(Some("mine"), Some("kubectl/v1")), "mine");
+        assert_eq!(
+            manager_of(None, Some("kubectl/v1.33.0 (linux/amd64)")),
+            "kubectl"
+        );
+        assert_eq!(manager_of(Some(""), Some("helm")), "helm");
+        assert_eq!(manager_of(None, None), "unknown");
+        assert_eq!(manager_of(None, Some("/x")), "unknown");
+    }
+
+    #[test]
+    fn timestamps_alone_are_not_a_difference() {
+        let a = json!([{"manager": "m", "operation": "Update", "time": "2024-01-01T00:00:00Z", "fieldsV1": {}}]);
+        let b = json!([{"manager": "m", "operation": "Update", "time": "2024-01-01T00:00:05Z", "fieldsV1": {}}]);
+        let c = json!([{"manager": "n", "operation": "Update", "time": "2024-01-01T00:00:05Z", "fieldsV1": {}}]);
+        assert!(equal_but_for_time(&a, &b));
+        assert!(!equal_but_for_time(&a, &c));
+    }
+}
