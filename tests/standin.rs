@@ -966,3 +966,1049 @@ roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
         .await
         .unwrap();
 }
+
+// ----- what kube-apiserver does that a forgiving stand-in would not -----
+
+fn api_status(err: kube::Error) -> kube::core::Status {
+    match err {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// The managedFields entry of `manager` with `operation`, if any.
+fn managed_entry(
+    obj: &serde_json::Value,
+    manager: &str,
+    operation: &str,
+) -> Option<serde_json::Value> {
+    obj.pointer("/metadata/managedFields")?
+        .as_array()?
+        .iter()
+        .find(|e| e["manager"] == manager && e["operation"] == operation)
+        .cloned()
+}
+
+/// Whether `t` is an RFC 3339 time in whole seconds, UTC: `2024-05-01T12:34:56Z`.
+fn is_rfc3339_seconds(t: &str) -> bool {
+    let b = t.as_bytes();
+    b.len() == 20
+        && b.iter().enumerate().all(|(i, c)| match i {
+            4 | 7 => *c == b'-',
+            10 => *c == b'T',
+            13 | 16 => *c == b':',
+            19 => *c == b'Z',
+            _ => c.is_ascii_digit(),
+        })
+}
+
+#[tokio::test]
+async fn a_write_that_a_webhook_turns_back_is_stored_for_its_managed_fields() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
+    register(&client, hook.configuration("confighash", "Fail")).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "on");
+    deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    let rv = server.resource_version();
+    let mut events = deploys
+        .watch(&WatchParams::default(), &rv.to_string())
+        .await
+        .unwrap()
+        .boxed();
+
+    // The request changes the stamp; the webhook turns it back. The object is the same but for
+    // managedFields, which the field manager updated before admission: it is stored.
+    let touch = |manager: &str| {
+        (
+            PatchParams {
+                field_manager: Some(manager.to_owned()),
+                ..Default::default()
+            },
+            Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+                "confighash.dev/checksum": "other"
+            }}}}})),
+        )
+    };
+    let (params, patch) = touch("tester");
+    let touched = deploys.patch("web", &params, &patch).await.unwrap();
+    assert_eq!(
+        template_annotation(&touched, "confighash.dev/checksum").as_deref(),
+        Some("stamped"),
+        "the webhook turned the change back"
+    );
+    assert!(server.resource_version() > rv, "the write was stored");
+    assert_eq!(
+        server.rollouts("on", "Deployment", "web"),
+        0,
+        "the template did not change"
+    );
+    let stored = serde_json::to_value(&touched).unwrap();
+    let entry = managed_entry(&stored, "tester", "Update").expect("an entry for the manager");
+    assert_eq!(entry["apiVersion"], "apps/v1");
+    assert_eq!(entry["fieldsType"], "FieldsV1");
+    assert!(
+        is_rfc3339_seconds(entry["time"].as_str().unwrap()),
+        "{entry}"
+    );
+    assert_eq!(
+        entry["fieldsV1"],
+        json!({"f:spec": {"f:template": {"f:metadata": {"f:annotations": {
+            "f:confighash.dev/checksum": {}
+        }}}}})
+    );
+    match tokio::time::timeout(DEADLINE, events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Some(WatchEvent::Modified(d)) => {
+            assert_eq!(d.resource_version(), touched.resource_version());
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+
+    // The same manager changing the same field again changes no field set, only a timestamp:
+    // as kube-apiserver's IgnoreManagedFieldsTimestampsTransformer does, nothing is written.
+    let rv = server.resource_version();
+    let (params, patch) = touch("tester");
+    deploys.patch("web", &params, &patch).await.unwrap();
+    assert_eq!(
+        server.resource_version(),
+        rv,
+        "only a timestamp would change"
+    );
+
+    // A request that changes nothing before admission writes nothing either.
+    let unchanged = Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+        "confighash.dev/checksum": "stamped"
+    }}}}}));
+    deploys.patch("web", &params, &unchanged).await.unwrap();
+    assert_eq!(server.resource_version(), rv);
+
+    // Another manager taking the field over is a change of managedFields: stored again.
+    let (params, patch) = touch("another");
+    let taken = deploys.patch("web", &params, &patch).await.unwrap();
+    assert!(server.resource_version() > rv);
+    let taken = serde_json::to_value(&taken).unwrap();
+    assert!(managed_entry(&taken, "another", "Update").is_some());
+    assert!(
+        managed_entry(&taken, "tester", "Update").is_none(),
+        "an entry left with no field is dropped: {}",
+        taken["metadata"]["managedFields"]
+    );
+    assert_eq!(hook.calls(), 5, "every write went through admission");
+}
+
+#[tokio::test]
+async fn the_field_manager_is_named_by_the_request_or_its_user_agent() {
+    let server = ApiServer::start().await;
+    let plain = server.client();
+    create_namespace(&plain, "ns", &[]).await;
+    let mut config = server.config();
+    config.headers.push((
+        http::header::USER_AGENT,
+        "kubectl/v1.33.0 (linux/amd64) kubernetes/abcdef0"
+            .parse()
+            .unwrap(),
+    ));
+    let kubectl: Api<ConfigMap> = Api::namespaced(Client::try_from(config).unwrap(), "ns");
+    let cms: Api<ConfigMap> = Api::namespaced(plain, "ns");
+
+    // A create is an Update operation of the User-Agent's first segment.
+    let created = kubectl
+        .create(
+            &PostParams::default(),
+            &config_map("by-kubectl", &[("k", "1")]),
+        )
+        .await
+        .unwrap();
+    let created = serde_json::to_value(&created).unwrap();
+    let entry = managed_entry(&created, "kubectl", "Update").expect("kubectl's entry");
+    assert_eq!(entry["fieldsV1"], json!({"f:data": {"f:k": {}}}));
+
+    // Without a User-Agent or a fieldManager: "unknown".
+    let anonymous = cms
+        .create(
+            &PostParams::default(),
+            &config_map("anonymous", &[("k", "1")]),
+        )
+        .await
+        .unwrap();
+    let anonymous = serde_json::to_value(&anonymous).unwrap();
+    assert!(
+        managed_entry(&anonymous, "unknown", "Update").is_some(),
+        "{anonymous}"
+    );
+
+    // fieldManager wins over the User-Agent; the manager owns what it changed.
+    let params = PatchParams {
+        field_manager: Some("editor".into()),
+        ..Default::default()
+    };
+    let patched = kubectl
+        .patch(
+            "by-kubectl",
+            &params,
+            &Patch::Merge(json!({"data": {"k": "2", "extra": "x"}})),
+        )
+        .await
+        .unwrap();
+    let patched = serde_json::to_value(&patched).unwrap();
+    assert_eq!(
+        managed_entry(&patched, "editor", "Update").unwrap()["fieldsV1"],
+        json!({"f:data": {"f:extra": {}, "f:k": {}}})
+    );
+    assert!(
+        managed_entry(&patched, "kubectl", "Update").is_none(),
+        "kubectl's only field was taken over"
+    );
+
+    // Server-side apply records an Apply operation with the applied fields.
+    let applied = cms
+        .patch(
+            "applied",
+            &PatchParams::apply("applier"),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "applied"}, "data": {"a": "1"}
+            })),
+        )
+        .await
+        .unwrap();
+    let applied = serde_json::to_value(&applied).unwrap();
+    assert_eq!(
+        managed_entry(&applied, "applier", "Apply").unwrap()["fieldsV1"],
+        json!({"f:data": {"f:a": {}}})
+    );
+}
+
+#[tokio::test]
+async fn every_namespace_is_labelled_with_its_name() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    create_namespace(&client, "team-a", &[("tier", "web")]).await;
+    let label = |ns: &k8s_openapi::api::core::v1::Namespace| {
+        ns.labels().get("kubernetes.io/metadata.name").cloned()
+    };
+    let created = namespaces.get("team-a").await.unwrap();
+    assert_eq!(label(&created).as_deref(), Some("team-a"));
+    assert_eq!(created.labels()["tier"], "web");
+    assert_eq!(
+        created.spec.as_ref().unwrap().finalizers.as_deref(),
+        Some(&["kubernetes".to_owned()][..])
+    );
+    // Removing or changing it does not stick: defaulting sets it again.
+    let patched = namespaces
+        .patch(
+            "team-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"kubernetes.io/metadata.name": null}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(label(&patched).as_deref(), Some("team-a"));
+    let mut replaced = patched.clone();
+    replaced.metadata.labels = Some(BTreeMap::from([(
+        "kubernetes.io/metadata.name".into(),
+        "other".into(),
+    )]));
+    let replaced = namespaces
+        .replace("team-a", &PostParams::default(), &replaced)
+        .await
+        .unwrap();
+    assert_eq!(label(&replaced).as_deref(), Some("team-a"));
+    assert_eq!(
+        replaced.labels().get("tier"),
+        None,
+        "the rest of the PUT applies"
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_namespace_terminates_it_then_deletes_its_content_and_it_last() {
+    let server = ApiServer::start_with(apiserver::Options {
+        namespace_termination: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    create_namespace(&client, "doomed", &[("team", "a")]).await;
+    create_namespace(&client, "kept", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    for name in ["one", "two", "three"] {
+        cms.create(&PostParams::default(), &config_map(name, &[]))
+            .await
+            .unwrap();
+    }
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "doomed");
+    deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), "kept")
+        .create(&PostParams::default(), &config_map("safe", &[]))
+        .await
+        .unwrap();
+
+    // Every write from here on, in resourceVersion order, as "TYPE kind name".
+    let rv = server.resource_version().to_string();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(
+        u64,
+        String,
+        std::time::Instant,
+    )>::new()));
+    let mut watches = Vec::new();
+    macro_rules! record {
+        ($api:expr, $kind:literal) => {{
+            let mut stream = $api
+                .watch(&WatchParams::default(), &rv)
+                .await
+                .unwrap()
+                .boxed();
+            let seen = seen.clone();
+            watches.push(tokio::spawn(async move {
+                while let Ok(Some(event)) = stream.try_next().await {
+                    let (what, obj) = match event {
+                        WatchEvent::Added(o) => ("ADDED", o),
+                        WatchEvent::Modified(o) => ("MODIFIED", o),
+                        WatchEvent::Deleted(o) => ("DELETED", o),
+                        _ => continue,
+                    };
+                    let rv: u64 = obj.resource_version().unwrap().parse().unwrap();
+                    let event = format!("{what} {} {}", $kind, obj.name_any());
+                    seen.lock()
+                        .unwrap()
+                        .push((rv, event, std::time::Instant::now()));
+                }
+            }));
+        }};
+    }
+    record!(namespaces, "Namespace");
+    record!(Api::<ConfigMap>::all(client.clone()), "ConfigMap");
+    record!(Api::<Deployment>::all(client.clone()), "Deployment");
+
+    let deleted_at = std::time::Instant::now();
+    let answer = namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("the Namespace, not a Status");
+    assert!(answer.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        answer.status.as_ref().unwrap().phase.as_deref(),
+        Some("Terminating")
+    );
+    assert_eq!(answer.labels()["team"], "a", "labels are kept");
+
+    // Terminating, not gone: no new content, but what is there can still be read and written.
+    let err = api_status(
+        cms.create(&PostParams::default(), &config_map("late", &[]))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        err.message,
+        "configmaps \"late\" is forbidden: unable to create new content in namespace doomed \
+         because it is being terminated"
+    );
+    assert_eq!(
+        err.details.unwrap().causes[0].reason,
+        "NamespaceTerminating"
+    );
+    deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("updates are allowed while terminating");
+    assert_eq!(
+        namespaces
+            .delete("doomed", &DeleteParams::default())
+            .await
+            .unwrap()
+            .left()
+            .unwrap()
+            .metadata
+            .deletion_timestamp,
+        answer.metadata.deletion_timestamp,
+        "a second DELETE changes nothing"
+    );
+    assert!(
+        cms.list(&ListParams::default()).await.unwrap().items.len() > 1,
+        "the content is not deleted at once"
+    );
+
+    wait::eventually("the namespace to be deleted", || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt("doomed").await.unwrap().is_none() }
+    })
+    .await;
+    let expected = 1 + 4 + 1 + 1 + 1; // terminating, content, conditions, the patch, deleted
+    wait::eventually("every event", || {
+        let n = seen.lock().unwrap().len();
+        async move { n >= expected }
+    })
+    .await;
+    for w in watches {
+        w.abort();
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    seen.sort();
+    let order: Vec<&str> = seen.iter().map(|(_, e, _)| e.as_str()).collect();
+    assert_eq!(order[0], "MODIFIED Namespace doomed", "{order:#?}");
+    assert_eq!(order[1], "MODIFIED Deployment web", "{order:#?}");
+    let mut content: Vec<&str> = order[2..6].to_vec();
+    content.sort();
+    assert_eq!(
+        content,
+        [
+            "DELETED ConfigMap one",
+            "DELETED ConfigMap three",
+            "DELETED ConfigMap two",
+            "DELETED Deployment web"
+        ],
+        "{order:#?}"
+    );
+    assert_eq!(
+        &order[6..],
+        ["MODIFIED Namespace doomed", "DELETED Namespace doomed"],
+        "{order:#?}"
+    );
+    // The deletions were spread over the termination time (2 s for 4 objects: one each 400 ms),
+    // and the Namespace went last, after it.
+    let spread = seen[5].2 - seen[2].2;
+    assert!(spread >= Duration::from_millis(600), "{spread:?}");
+    let last = seen[7].2 - deleted_at;
+    assert!(last >= Duration::from_secs(2), "{last:?}");
+    // Other namespaces are untouched.
+    Api::<ConfigMap>::namespaced(client, "kept")
+        .get("safe")
+        .await
+        .unwrap();
+}
+
+/// A webhook that sets the annotation `admitted` of the object itself (not its template) to the
+/// AdmissionReview's uid: a change on every call.
+async fn annotating_the_object() -> TestWebhook {
+    TestWebhook::start(|request| {
+        use base64::Engine;
+        let mut ops = Vec::new();
+        if request
+            .pointer("/object/metadata/annotations")
+            .is_none_or(serde_json::Value::is_null)
+        {
+            ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        }
+        ops.push(
+            json!({"op": "add", "path": "/metadata/annotations/admitted", "value": request["uid"]}),
+        );
+        let patch = base64::engine::general_purpose::STANDARD.encode(json!(ops).to_string());
+        json!({"allowed": true, "patchType": "JSONPatch", "patch": patch})
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_deployment_generation_follows_its_annotations_as_admission_left_them() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "plain", &[]).await;
+    create_namespace(&client, "on", &[("confighash.dev/enabled", "true")]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "plain");
+    let generation = |d: &Deployment| d.metadata.generation.unwrap();
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    let d = deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 1);
+    // kube's Deployment strategy: an annotation change bumps the generation (annotations are
+    // copied to ReplicaSets); a label change does not.
+    let d = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"annotations": {"a": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 2);
+    let d = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"l": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 2);
+    let d = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 3);
+
+    // Other kinds follow their spec only.
+    let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
+        Api::namespaced(client.clone(), "plain");
+    let set = build::workload(confighash::core::workload::WorkloadKind::StatefulSet, "db")
+        .without_namespace()
+        .typed();
+    sets.create(&PostParams::default(), &set).await.unwrap();
+    let set = sets
+        .patch(
+            "db",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"annotations": {"a": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(set.metadata.generation, Some(1));
+
+    // Computed after mutating admission: a label change that a webhook turns into an annotation
+    // change bumps the generation.
+    let hook = annotating_the_object().await;
+    register(&client, hook.configuration("annotate", "Fail")).await;
+    let on: Api<Deployment> = Api::namespaced(client.clone(), "on");
+    let d = on
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(generation(&d), 1);
+    let d = on
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"labels": {"l": "1"}}})),
+        )
+        .await
+        .unwrap();
+    assert!(d.annotations().contains_key("admitted"));
+    assert_eq!(generation(&d), 2);
+}
+
+#[tokio::test]
+async fn admission_reads_namespace_labels_from_a_lagging_cache() {
+    let lag = Duration::from_secs(1);
+    let server = ApiServer::start_with(apiserver::Options {
+        namespace_cache_lag: lag,
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    let hook = TestWebhook::annotating("confighash.dev/checksum", "stamped").await;
+    register(&client, hook.configuration("confighash", "Fail")).await;
+    let stamped = |d: &Deployment| template_annotation(d, "confighash.dev/checksum").is_some();
+
+    // A namespace the cache does not have yet is read live: its labels count at once.
+    create_namespace(&client, "fresh", &[("confighash.dev/enabled", "true")]).await;
+    assert!(server.cached_namespace("fresh").is_none());
+    let fresh: Api<Deployment> = Api::namespaced(client.clone(), "fresh");
+    let d = fresh
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert!(stamped(&d), "read live");
+
+    // Once the cache has a namespace, a label set just now is not seen yet: a create right
+    // after opting the namespace in misses the webhook.
+    create_namespace(&client, "late", &[]).await;
+    wait::eventually("the cache to have the namespace", || {
+        let cached = server.cached_namespace("late").is_some();
+        async move { cached }
+    })
+    .await;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let labelled = std::time::Instant::now();
+    namespaces
+        .patch(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": "true"}}})),
+        )
+        .await
+        .unwrap();
+    let late: Api<Deployment> = Api::namespaced(client.clone(), "late");
+    let missed = late
+        .create(&PostParams::default(), &deployment("missed"))
+        .await
+        .unwrap();
+    assert!(
+        labelled.elapsed() < lag,
+        "the test was too slow to show the lag"
+    );
+    assert!(!stamped(&missed), "the cache still had the old labels");
+
+    // The cache catches up, and then the webhook is called.
+    wait::eventually("the cache to have the label", || {
+        let opted_in = server
+            .cached_namespace("late")
+            .is_some_and(|ns| ns["metadata"]["labels"]["confighash.dev/enabled"] == "true");
+        async move { opted_in }
+    })
+    .await;
+    assert!(labelled.elapsed() >= lag);
+    let d = late
+        .create(&PostParams::default(), &deployment("caught-up"))
+        .await
+        .unwrap();
+    assert!(stamped(&d));
+
+    // The lag can be changed at run time; zero reads the store itself.
+    server.set_namespace_cache_lag(Duration::ZERO);
+    namespaces
+        .patch(
+            "late",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": null}}})),
+        )
+        .await
+        .unwrap();
+    let d = late
+        .create(&PostParams::default(), &deployment("after"))
+        .await
+        .unwrap();
+    assert!(!stamped(&d));
+}
+
+#[tokio::test]
+async fn strategic_merge_patches_merge_each_list_by_its_own_key() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "ns");
+    let d = build::deployment("web")
+        .without_namespace()
+        .pod_spec(json!({
+            "containers": [{
+                "name": "app", "image": "example/app:1",
+                "env": [{"name": "A", "value": "1"}],
+                "envFrom": [{"configMapRef": {"name": "one"}}],
+                "ports": [{"containerPort": 80}],
+                "volumeMounts": [{"name": "cfg", "mountPath": "/etc/a"}]
+            }],
+            "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}],
+            "tolerations": [{"key": "a", "operator": "Exists"}],
+            "imagePullSecrets": [{"name": "pull-a"}]
+        }))
+        .typed::<Deployment>();
+    deploys.create(&PostParams::default(), &d).await.unwrap();
+    let strategic = |patch: serde_json::Value| Patch::Strategic(patch);
+    let pod = |patch: serde_json::Value| json!({"spec": {"template": {"spec": patch}}});
+
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(pod(json!({
+                "containers": [{
+                    "name": "app",
+                    "env": [{"name": "B", "value": "2"}],
+                    "envFrom": [{"secretRef": {"name": "two"}}],
+                    "ports": [{"containerPort": 81}],
+                    "volumeMounts": [{"name": "more", "mountPath": "/etc/b"}]
+                }],
+                "volumes": [{"name": "more", "emptyDir": {}}],
+                "tolerations": [{"key": "b", "operator": "Exists"}],
+                "imagePullSecrets": [{"name": "pull-b"}]
+            }))),
+        )
+        .await
+        .unwrap();
+    let spec = serde_json::to_value(patched.spec.unwrap().template.spec.unwrap()).unwrap();
+    let names = |list: &str, key: &str| -> Vec<String> {
+        spec.pointer(list)
+            .and_then(serde_json::Value::as_array)
+            .unwrap()
+            .iter()
+            .map(|i| i[key].to_string().trim_matches('"').to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names("/containers/0/env", "name"),
+        ["A", "B"],
+        "env merges by name"
+    );
+    assert_eq!(
+        names("/containers/0/ports", "containerPort"),
+        ["80", "81"],
+        "ports by containerPort"
+    );
+    assert_eq!(
+        names("/containers/0/volumeMounts", "mountPath"),
+        ["/etc/a", "/etc/b"],
+        "mounts by mountPath"
+    );
+    assert_eq!(
+        names("/volumes", "name"),
+        ["cfg", "more"],
+        "volumes by name"
+    );
+    assert_eq!(
+        names("/imagePullSecrets", "name"),
+        ["pull-a", "pull-b"],
+        "pull secrets by name"
+    );
+    assert_eq!(
+        spec["containers"][0]["envFrom"],
+        json!([{"secretRef": {"name": "two"}}]),
+        "envFrom has no merge key: replaced"
+    );
+    assert_eq!(
+        spec["tolerations"],
+        json!([{"key": "b", "operator": "Exists"}]),
+        "tolerations have none: replaced"
+    );
+    assert_eq!(
+        spec["containers"][0]["image"], "example/app:1",
+        "the container merged"
+    );
+
+    // Directives: delete an item by its key; retain only the listed keys of a volume.
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(pod(json!({
+                "containers": [{"name": "app", "volumeMounts": [{"mountPath": "/etc/a", "$patch": "delete"}]}],
+                "volumes": [{"name": "cfg", "emptyDir": {}, "$retainKeys": ["emptyDir", "name"]}]
+            }))),
+        )
+        .await
+        .unwrap();
+    let spec = serde_json::to_value(patched.spec.unwrap().template.spec.unwrap()).unwrap();
+    assert_eq!(
+        spec["containers"][0]["volumeMounts"],
+        json!([{"name": "more", "mountPath": "/etc/b"}])
+    );
+    assert_eq!(spec["volumes"][0], json!({"name": "cfg", "emptyDir": {}}));
+
+    // Finalizers merge as a set.
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(json!({"metadata": {"finalizers": ["a", "b"]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.finalizers.unwrap(), ["a", "b"]);
+    let patched = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &strategic(json!({"metadata": {"finalizers": ["c"], "$deleteFromPrimitiveList/finalizers": ["a"]}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.metadata.finalizers.unwrap(), ["b", "c"]);
+
+    // A list whose merge rule is not known is refused, not guessed at; so is an item without
+    // its list's merge key. Neither stores anything.
+    let rv = server.resource_version();
+    let err = api_status(
+        deploys
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &strategic(pod(json!({"madeUp": [{"name": "x"}]}))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 400, "{}", err.message);
+    assert!(
+        err.message.contains("spec.template.spec.madeUp"),
+        "{}",
+        err.message
+    );
+    let err = api_status(
+        deploys
+            .patch(
+                "web",
+                &PatchParams::default(),
+                &strategic(pod(json!({"containers": [{"image": "x"}]}))),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422, "{}", err.message);
+    assert!(
+        err.message
+            .contains("does not contain declared merge key: name"),
+        "{}",
+        err.message
+    );
+    assert_eq!(server.resource_version(), rv);
+
+    // Custom resources have no patch strategies: kube-apiserver does not take the media type.
+    let rollouts: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client,
+        "ns",
+        &kube::api::ApiResource::from_gvk_with_plural(
+            &kube::api::GroupVersionKind::gvk("argoproj.io", "v1alpha1", "Rollout"),
+            "rollouts",
+        ),
+    );
+    let err = api_status(
+        rollouts
+            .patch(
+                "any",
+                &PatchParams::default(),
+                &strategic(json!({"spec": {}})),
+            )
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 415, "{}", err.message);
+}
+
+#[tokio::test]
+async fn watch_lists_stream_the_state_then_a_bookmark_then_changes() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
+    for name in ["a", "b"] {
+        cms.create(&PostParams::default(), &config_map(name, &[]))
+            .await
+            .unwrap();
+    }
+    let listed_at = server.resource_version();
+
+    // sendInitialEvents=true&resourceVersionMatch=NotOlderThan: ADDED for each object, one at a
+    // time, then a bookmark marked as the end of the initial events, then changes.
+    let mut stream = cms
+        .watch(&WatchParams::default().initial_events(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let mut next = async || {
+        tokio::time::timeout(DEADLINE, stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    let mut added = Vec::new();
+    for _ in 0..2 {
+        match next().await {
+            WatchEvent::Added(cm) => added.push(cm.name_any()),
+            other => panic!("expected ADDED, got {other:?}"),
+        }
+    }
+    added.sort();
+    assert_eq!(added, ["a", "b"]);
+    match next().await {
+        WatchEvent::Bookmark(b) => {
+            assert_eq!(
+                b.metadata
+                    .annotations
+                    .get("k8s.io/initial-events-end")
+                    .map(String::as_str),
+                Some("true")
+            );
+            assert_eq!(b.metadata.resource_version, listed_at.to_string());
+        }
+        other => panic!("expected the initial-events-end BOOKMARK, got {other:?}"),
+    }
+    cms.create(&PostParams::default(), &config_map("c", &[]))
+        .await
+        .unwrap();
+    loop {
+        match next().await {
+            WatchEvent::Added(cm) => {
+                assert_eq!(cm.name_any(), "c");
+                break;
+            }
+            // Periodic bookmarks may come first.
+            WatchEvent::Bookmark(_) => {}
+            other => panic!("expected ADDED c, got {other:?}"),
+        }
+    }
+
+    // kube-runtime's watcher with streaming lists: Init, the objects, InitDone, then changes.
+    let events = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let task = {
+        let events = events.clone();
+        let stream = watcher(cms.clone(), watcher::Config::default().streaming_lists());
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let text = match event {
+                    Ok(watcher::Event::Init) => "Init".to_owned(),
+                    Ok(watcher::Event::InitApply(cm)) => format!("InitApply {}", cm.name_any()),
+                    Ok(watcher::Event::InitDone) => "InitDone".to_owned(),
+                    Ok(watcher::Event::Apply(cm)) => format!("Apply {}", cm.name_any()),
+                    Ok(watcher::Event::Delete(cm)) => format!("Delete {}", cm.name_any()),
+                    Err(e) => format!("error {e}"),
+                };
+                events.lock().unwrap().push(text);
+            }
+        })
+    };
+    wait::eventually("the streamed list", || {
+        let done = events.lock().unwrap().iter().any(|e| e == "InitDone");
+        async move { done }
+    })
+    .await;
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    wait::eventually("the change after the list", || {
+        let done = events.lock().unwrap().iter().any(|e| e == "Delete a");
+        async move { done }
+    })
+    .await;
+    task.abort();
+    let events = events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [
+            "Init",
+            "InitApply a",
+            "InitApply b",
+            "InitApply c",
+            "InitDone",
+            "Delete a"
+        ]
+    );
+    assert_eq!(
+        server
+            .requests()
+            .iter()
+            .filter(|(verb, _)| verb == "list")
+            .count(),
+        0,
+        "no list was needed"
+    );
+}
+
+#[tokio::test]
+async fn watch_list_options_that_do_not_fit_are_refused_as_kube_apiserver_refuses_them() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let get = async |client: &Client, query: &str| {
+        let req = http::Request::get(format!("/api/v1/namespaces/ns/configmaps?{query}"))
+            .body(Vec::new())
+            .unwrap();
+        api_status(client.request::<serde_json::Value>(req).await.unwrap_err())
+    };
+    let invalid = "ListOptions.meta.k8s.io \"\" is invalid: ";
+    let err = get(&client, "watch=true&sendInitialEvents=true").await;
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+        )
+    );
+    let err = get(
+        &client,
+        "watch=true&resourceVersion=5&resourceVersionMatch=NotOlderThan",
+    )
+    .await;
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}resourceVersionMatch: Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided"
+        )
+    );
+    let err = get(
+        &client,
+        "watch=true&sendInitialEvents=true&resourceVersionMatch=Exact",
+    )
+    .await;
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}[resourceVersionMatch: Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan, resourceVersionMatch: Unsupported value: \"Exact\": supported values: \"NotOlderThan\"]"
+        )
+    );
+    let err = get(&client, "sendInitialEvents=true").await;
+    assert_eq!(
+        err.message,
+        format!("{invalid}sendInitialEvents: Forbidden: sendInitialEvents is forbidden for list")
+    );
+    assert_eq!(err.code, 422);
+
+    // A cluster with the WatchList feature gate off (Kubernetes 1.33's default) refuses them.
+    let off = ApiServer::start_with(apiserver::Options {
+        watch_list: false,
+        ..Default::default()
+    })
+    .await;
+    create_namespace(&off.client(), "ns", &[]).await;
+    let err = get(&off.client(), "watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true").await;
+    assert_eq!(
+        err.message,
+        format!(
+            "{invalid}sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled"
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_create_a_lagging_view_lets_into_a_terminating_namespace_is_deleted_with_it() {
+    let lag = Duration::from_secs(1);
+    let server = ApiServer::start_with(apiserver::Options {
+        namespace_cache_lag: lag,
+        namespace_termination: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    create_namespace(&client, "doomed", &[]).await;
+    wait::eventually("the cache to have the namespace", || {
+        let cached = server.cached_namespace("doomed").is_some();
+        async move { cached }
+    })
+    .await;
+    let deleting = std::time::Instant::now();
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
+    // NamespaceLifecycle reads its lagging view, which still says Active.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
+    cms.create(&PostParams::default(), &config_map("sneaked-in", &[]))
+        .await
+        .expect("the lagging view lets it in");
+    assert!(
+        deleting.elapsed() < lag,
+        "the test was too slow to show the lag"
+    );
+    // The namespace controller deletes it with the rest.
+    wait::eventually("the namespace to be deleted", || {
+        let namespaces = namespaces.clone();
+        async move { namespaces.get_opt("doomed").await.unwrap().is_none() }
+    })
+    .await;
+    assert!(
+        server
+            .object("configmaps", "doomed", "sneaked-in")
+            .is_none()
+    );
+    // Once the view has caught up, creates are refused until the namespace is gone, and then
+    // they are NotFound.
+    let err = cms
+        .create(&PostParams::default(), &config_map("too-late", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 404);
+}

@@ -79,7 +79,8 @@ pub struct AdmissionInput<'a> {
     pub object: Value,
     /// The stored object, for `Update` and `Delete`.
     pub old_object: Option<&'a Value>,
-    /// Labels of the object's namespace; for a Namespace object, its own labels.
+    /// Labels of the object's namespace (for a Namespace object, its own) as the dispatcher's
+    /// namespace cache has them, which may lag behind the store.
     pub namespace_labels: BTreeMap<String, String>,
     pub dry_run: bool,
     pub user: &'a UserInfo,

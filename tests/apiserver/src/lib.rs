@@ -6,9 +6,11 @@
 
 pub mod admission;
 pub mod https;
+pub mod managed;
 pub mod patches;
 pub mod rbac;
 pub mod resources;
+pub mod schema;
 pub mod selectors;
 pub mod server;
 pub mod store;

@@ -17,9 +17,11 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::admission::{self, AdmissionError, AdmissionInput, Operation, WebhookCall};
+use crate::managed;
 use crate::patches;
 use crate::rbac::{Authorizer, RequestAttributes};
 use crate::resources::{self, RESOURCES, ROLLOUTS_GROUP, ResourceInfo};
+use crate::schema;
 use crate::selectors::{FieldSelector, LabelSelector, labels_of};
 use crate::store::{Event, EventType, Key, Snapshot, Store};
 use crate::user::UserInfo;
@@ -34,6 +36,21 @@ pub struct Options {
     pub bookmark_interval: Duration,
     /// Whether the Argo Rollouts CRD is installed.
     pub rollouts_served: bool,
+    /// How long the namespace controller takes to empty a deleted Namespace: its objects are
+    /// deleted one by one spread over this time, then the Namespace itself (default 1 s; in a
+    /// cluster, seconds to minutes).
+    pub namespace_termination: Duration,
+    /// How far admission's view of the Namespaces (for webhooks' namespaceSelectors and for
+    /// refusing creates in terminating namespaces) lags behind the store, as kube-apiserver's
+    /// informer cache does (in a cluster, usually milliseconds). The default is zero, so that a
+    /// test that relabels a namespace and then writes in it sees one outcome, not one that
+    /// depends on its timing; a test about that race sets a lag. Changeable at run time with
+    /// `ApiServer::set_namespace_cache_lag`.
+    pub namespace_cache_lag: Duration,
+    /// Whether watch lists (`sendInitialEvents`) are served: kube-apiserver's `WatchList` feature
+    /// gate (on by default in 1.32 and from 1.34, off in 1.33). When off, a watch that asks for
+    /// them is refused with 422.
+    pub watch_list: bool,
 }
 
 impl Default for Options {
@@ -41,6 +58,9 @@ impl Default for Options {
         Options {
             bookmark_interval: Duration::from_secs(1),
             rollouts_served: true,
+            namespace_termination: Duration::from_secs(1),
+            namespace_cache_lag: Duration::ZERO,
+            watch_list: true,
         }
     }
 }
@@ -90,6 +110,11 @@ pub(crate) struct Shared {
     /// Requests that have arrived, counted before any injected delay.
     received: std::sync::atomic::AtomicU64,
     bookmark_interval: Duration,
+    namespace_termination: Duration,
+    namespace_lag: Mutex<Duration>,
+    watch_list: bool,
+    /// Work the server does on its own (emptying deleted namespaces), ended with the server.
+    background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,6 +132,9 @@ pub struct ApiServer {
 impl Drop for ApiServer {
     fn drop(&mut self) {
         self.task.abort();
+        for task in lock(&self.shared.background).drain(..) {
+            task.abort();
+        }
     }
 }
 
@@ -133,6 +161,10 @@ impl ApiServer {
             requests: Mutex::new(Vec::new()),
             received: std::sync::atomic::AtomicU64::new(0),
             bookmark_interval: options.bookmark_interval,
+            namespace_termination: options.namespace_termination,
+            namespace_lag: Mutex::new(options.namespace_cache_lag),
+            watch_list: options.watch_list,
+            background: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -255,6 +287,21 @@ impl ApiServer {
     /// Delays every response by `delay`.
     pub fn set_delay(&self, delay: Duration) {
         *lock(&self.shared.delay) = delay;
+    }
+
+    /// Sets how far admission's view of the Namespaces lags behind the store (see
+    /// `Options::namespace_cache_lag`).
+    pub fn set_namespace_cache_lag(&self, lag: Duration) {
+        *lock(&self.shared.namespace_lag) = lag;
+    }
+
+    /// The Namespace `name` as admission's lagging view of the Namespaces holds it now; None when
+    /// that view does not have it (not yet, or no longer), when admission reads it live.
+    pub fn cached_namespace(&self, name: &str) -> Option<Value> {
+        let lag = *lock(&self.shared.namespace_lag);
+        lock(&self.shared.store)
+            .namespace_as_of(name, lag)
+            .map(|v| (*v).clone())
     }
 
     /// Installs or removes the Argo Rollouts CRD.
@@ -550,12 +597,18 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
     }
     let dry_run = query.get("dryRun").is_some_and(|v| v == "All");
     let ns = namespace.as_deref().unwrap_or("");
+    let user_agent = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
+    let manager = managed::manager_of(query.get("fieldManager").map(String::as_str), user_agent);
     let ctx = Ctx {
         shared,
         resource,
         namespace: ns,
         user: &user,
         dry_run,
+        manager: &manager,
     };
     match verb {
         "get" => get(&ctx, name.as_deref().unwrap_or_default()),
@@ -746,6 +799,8 @@ struct Ctx<'a> {
     namespace: &'a str,
     user: &'a UserInfo,
     dry_run: bool,
+    /// The field manager writes are recorded under (see `managed::manager_of`).
+    manager: &'a str,
 }
 
 impl Ctx<'_> {
@@ -756,6 +811,33 @@ impl Ctx<'_> {
     fn store(&self) -> MutexGuard<'_, Store> {
         lock(&self.shared.store)
     }
+
+    /// The field manager's view of a write by this request.
+    fn field_write<'n>(&'n self, api_version: &'n str, now: &'n str) -> managed::Write<'n> {
+        managed::Write {
+            group: self.resource.group,
+            kind: self.resource.kind,
+            api_version,
+            manager: self.manager,
+            now,
+        }
+    }
+
+    /// The Namespace `name` as admission sees it: from a cache that lags the store by the
+    /// configured delay, read live only when the cache does not have it (as the webhook
+    /// dispatcher's and NamespaceLifecycle's namespace listers are used).
+    fn namespace_view(&self, name: &str) -> Option<Arc<Value>> {
+        let lag = *lock(&self.shared.namespace_lag);
+        let store = self.store();
+        store
+            .namespace_as_of(name, lag)
+            .or_else(|| store.get(&Key::new(namespace_resource(), "", name)))
+    }
+}
+
+/// The Namespace resource.
+fn namespace_resource() -> &'static ResourceInfo {
+    &RESOURCES[0]
 }
 
 fn get(ctx: &Ctx<'_>, name: &str) -> ApiResult {
@@ -784,6 +866,7 @@ fn list(
     query: &HashMap<String, String>,
     fields: &FieldSelector,
 ) -> ApiResult {
+    list_options(ctx.shared, query, false)?;
     let labels = label_selector(query)?;
     let limit: usize = match query.get("limit").map(String::as_str) {
         None | Some("") | Some("0") => usize::MAX,
@@ -846,6 +929,142 @@ fn list(
     Ok(ok_json(StatusCode::OK, &body))
 }
 
+/// Go's `strconv.ParseBool`, as query parameters are decoded.
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The `sendInitialEvents` of a list or watch, after kube-apiserver's defaulting
+/// (`SetListOptionsDefaults`: with the WatchList gate on, a watch without a resourceVersion, or
+/// from "0", is a watch list) and validated as `ValidateListOptions` does: a bad combination is
+/// 422 Invalid, with kube-apiserver's message.
+fn list_options(
+    shared: &Shared,
+    query: &HashMap<String, String>,
+    watch: bool,
+) -> Result<Option<bool>, ApiError> {
+    let get = |k: &str| query.get(k).map(String::as_str).unwrap_or("");
+    let rv = get("resourceVersion");
+    let cont = get("continue");
+    let mut matched = get("resourceVersionMatch");
+    let mut send = match query.get("sendInitialEvents") {
+        None => None,
+        Some(v) => Some(parse_bool(v).ok_or_else(|| {
+            ApiError::bad_request(format!("sendInitialEvents: invalid boolean {v:?}"))
+        })?),
+    };
+    if shared.watch_list && watch && send.is_none() && matched.is_empty() && matches!(rv, "" | "0")
+    {
+        send = Some(true);
+        matched = "NotOlderThan";
+    }
+    // (field, reason, message) of each field.Error, in kube-apiserver's order.
+    let mut errors: Vec<(&str, &str, String)> = Vec::new();
+    let forbidden =
+        |field, detail: &str| (field, "FieldValueForbidden", format!("Forbidden: {detail}"));
+    let unsupported = |supported: &[&str]| {
+        let values: Vec<String> = supported.iter().map(|v| format!("{v:?}")).collect();
+        (
+            "resourceVersionMatch",
+            "FieldValueNotSupported",
+            format!(
+                "Unsupported value: {matched:?}: supported values: {}",
+                values.join(", ")
+            ),
+        )
+    };
+    let rvm = "resourceVersionMatch";
+    if watch {
+        if send.is_some() {
+            if matched != "NotOlderThan" {
+                errors.push(forbidden(
+                    rvm,
+                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                ));
+            }
+            if !shared.watch_list {
+                errors.push(forbidden(
+                    "sendInitialEvents",
+                    "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                ));
+            }
+        }
+        if !matched.is_empty() {
+            if send.is_none() {
+                errors.push(forbidden(
+                    rvm,
+                    "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                ));
+            }
+            if matched != "NotOlderThan" {
+                errors.push(unsupported(&["NotOlderThan"]));
+            }
+            if !cont.is_empty() {
+                errors.push(forbidden(
+                    rvm,
+                    "resourceVersionMatch is forbidden when continue is provided",
+                ));
+            }
+        }
+    } else {
+        if !matched.is_empty() {
+            if rv.is_empty() {
+                errors.push(forbidden(
+                    rvm,
+                    "resourceVersionMatch is forbidden unless resourceVersion is provided",
+                ));
+            }
+            if !cont.is_empty() {
+                errors.push(forbidden(
+                    rvm,
+                    "resourceVersionMatch is forbidden when continue is provided",
+                ));
+            }
+            if matched != "Exact" && matched != "NotOlderThan" {
+                errors.push(unsupported(&["Exact", "NotOlderThan", ""]));
+            }
+            if matched == "Exact" && rv == "0" {
+                errors.push(forbidden(
+                    rvm,
+                    "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+                ));
+            }
+        }
+        if send.is_some() {
+            errors.push(forbidden(
+                "sendInitialEvents",
+                "sendInitialEvents is forbidden for list",
+            ));
+        }
+    }
+    if errors.is_empty() {
+        return Ok(send);
+    }
+    let texts: Vec<String> = errors
+        .iter()
+        .map(|(field, _, message)| format!("{field}: {message}"))
+        .collect();
+    let aggregate = match texts.as_slice() {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    };
+    let mut e = ApiError::new(
+        422,
+        "Invalid",
+        format!("ListOptions.meta.k8s.io \"\" is invalid: {aggregate}"),
+    );
+    let causes: Vec<Value> = errors
+        .iter()
+        .map(|(field, reason, message)| json!({"reason": reason, "message": message, "field": field}))
+        .collect();
+    e.details = Some(json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": causes}));
+    Err(e)
+}
+
 fn encode_continue(id: u64, rv: u64) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(format!("{id}:{rv}"))
@@ -889,6 +1108,7 @@ fn watch_stream(
         .and_then(|t| t.parse::<u64>().ok())
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
+    let send_initial_events = list_options(ctx.shared, query, true)?;
     let from: Option<u64> = match query.get("resourceVersion").map(String::as_str) {
         None | Some("") | Some("0") => None,
         Some(rv) => Some(
@@ -926,11 +1146,37 @@ fn watch_stream(
     };
 
     let mut initial: Vec<Value> = Vec::new();
+    // With sendInitialEvents=true, the version the initial events end at, for the bookmark.
+    let mut initial_end: Option<u64> = None;
     let (mut rx, mut last_rv) = {
         let store = ctx.store();
         let rx = store.subscribe();
-        match from {
-            None => {
+        match (send_initial_events, from) {
+            // A watch list: the state not older than `from` (here: the current one) as ADDED
+            // events, then a bookmark that says they are complete, then the changes after it.
+            (Some(true), from) => {
+                if let Some(rv) = from.filter(|rv| *rv > store.rv()) {
+                    return Err(ApiError::new(
+                        504,
+                        "Timeout",
+                        format!("Too large resource version: {rv}, current: {}", store.rv()),
+                    ));
+                }
+                for obj in store.list(resource, namespace.as_deref()) {
+                    let e = Event {
+                        rv: 0,
+                        resource,
+                        kind: EventType::Added,
+                        object: obj,
+                        old: None,
+                    };
+                    initial.extend(filter(&e));
+                }
+                initial_end = Some(store.rv());
+            }
+            // No initial events: the changes from now on.
+            (Some(false), None) => {}
+            (None, None) => {
                 for obj in store.list(resource, namespace.as_deref()) {
                     let e = Event {
                         rv: 0,
@@ -942,7 +1188,7 @@ fn watch_stream(
                     initial.extend(filter(&e));
                 }
             }
-            Some(rv) => match store.since(rv) {
+            (_, Some(rv)) => match store.since(rv) {
                 Some(events) => initial.extend(events.filter_map(&filter)),
                 None => {
                     let status = ApiError::gone(format!(
@@ -968,6 +1214,18 @@ fn watch_stream(
     let stream = async_stream(move |tx| async move {
         for e in initial {
             if tx.send(line(&e)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(rv) = initial_end.filter(|_| bookmarks) {
+            let bookmark = json!({"type": "BOOKMARK", "object": {
+                "kind": kind, "apiVersion": api_version,
+                "metadata": {
+                    "resourceVersion": rv.to_string(),
+                    "annotations": {"k8s.io/initial-events-end": "true"}
+                }
+            }});
+            if tx.send(line(&bookmark)).await.is_err() {
                 return;
             }
         }
@@ -1177,8 +1435,14 @@ fn normalize(resource: &ResourceInfo, name: &str, obj: &mut Value) -> Result<(),
                 )));
             }
         }
-        "Namespace" if obj.pointer("/status/phase").is_none() => {
-            obj["status"] = json!({"phase": "Active"});
+        "Namespace" if resource.group.is_empty() => {
+            // Defaulting (SetDefaults_Namespace) and the strategy's Canonicalize, before and
+            // after admission: every Namespace is labelled with its own name.
+            let m = meta_mut(obj);
+            if !m.get("labels").is_some_and(Value::is_object) {
+                m.insert("labels".into(), json!({}));
+            }
+            m["labels"]["kubernetes.io/metadata.name"] = json!(name);
         }
         _ => {}
     }
@@ -1226,16 +1490,21 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-/// Labels of the namespace `ns` (for a Namespace object, its own), for namespaceSelectors.
-fn namespace_labels(ctx: &Ctx<'_>, obj: &Value) -> BTreeMap<String, String> {
-    if ctx.resource.kind == "Namespace" {
-        return labels_of(obj);
-    }
-    let ns_resource = &RESOURCES[0];
-    ctx.store()
-        .get(&Key::new(ns_resource, "", ctx.namespace))
+/// Labels of the namespace a write is in (for a Namespace, its own), for namespaceSelectors, as
+/// the webhook dispatcher reads them: from its lagging view of the Namespaces.
+fn namespace_labels(ctx: &Ctx<'_>, name: &str) -> BTreeMap<String, String> {
+    let namespace = if is_namespace(ctx.resource) {
+        name
+    } else {
+        ctx.namespace
+    };
+    ctx.namespace_view(namespace)
         .map(|ns| labels_of(&ns))
         .unwrap_or_default()
+}
+
+fn is_namespace(resource: &ResourceInfo) -> bool {
+    resource.group.is_empty() && resource.kind == "Namespace"
 }
 
 fn webhook_configurations(ctx: &Ctx<'_>) -> Vec<Value> {
@@ -1259,12 +1528,7 @@ async fn admit(
     old: Option<&Value>,
 ) -> Result<Value, ApiError> {
     let configurations = webhook_configurations(ctx);
-    let labels_source = if object.is_null() {
-        old.unwrap_or(&Value::Null)
-    } else {
-        &object
-    };
-    let namespace_labels = namespace_labels(ctx, labels_source);
+    let namespace_labels = namespace_labels(ctx, name);
     let input = AdmissionInput {
         resource: ctx.resource,
         operation,
@@ -1292,12 +1556,125 @@ async fn admit(
     }
 }
 
-async fn create(ctx: &Ctx<'_>, body: &[u8]) -> ApiResult {
-    let obj = parse_body(body)?;
-    create_object(ctx, obj).await
+/// How the field manager records a write.
+#[derive(Debug, Clone, Copy)]
+enum FieldOp<'a> {
+    /// A create, update or non-apply patch: operation `Update`.
+    Update,
+    /// A server-side apply of this configuration: operation `Apply`.
+    Apply(&'a Value),
 }
 
-async fn create_object(ctx: &Ctx<'_>, mut obj: Value) -> ApiResult {
+/// The managedFields of a write by `ctx`'s manager from `live` (None: a create) to `obj`, as
+/// the field manager computes them before admission.
+fn record_fields(ctx: &Ctx<'_>, op: FieldOp<'_>, live: Option<&Value>, obj: &mut Value) {
+    let now = now();
+    let api_version = ctx.resource.api_version();
+    let write = ctx.field_write(&api_version, &now);
+    let entries = match op {
+        FieldOp::Update => managed::update(&write, live, obj),
+        FieldOp::Apply(applied) => managed::apply(&write, live, obj, applied),
+    };
+    let m = meta_mut(obj);
+    if entries.is_empty() {
+        m.remove("managedFields");
+    } else {
+        m.insert("managedFields".into(), managed::to_json(&entries));
+    }
+}
+
+/// Puts the managedFields computed before admission back: webhooks do not change them here.
+fn keep_managed_fields(from: &Value, to: &mut Value) {
+    let fields = from.pointer("/metadata/managedFields").cloned();
+    let m = meta_mut(to);
+    match fields {
+        Some(f) => m.insert("managedFields".into(), f),
+        None => m.remove("managedFields"),
+    };
+}
+
+/// kube-apiserver's `IgnoreManagedFieldsTimestampsTransformer`, after admission: a write whose
+/// object differs from the stored one only in managedFields timestamps keeps the stored ones,
+/// so that it writes nothing.
+fn ignore_managed_fields_timestamps(existing: &Value, obj: &mut Value) {
+    let (Some(old), Some(new)) = (
+        existing.pointer("/metadata/managedFields"),
+        obj.pointer("/metadata/managedFields"),
+    ) else {
+        return;
+    };
+    if old == new || !managed::equal_but_for_time(old, new) {
+        return;
+    }
+    let mut probe = obj.clone();
+    meta_mut(&mut probe).insert("managedFields".into(), old.clone());
+    if probe == *existing {
+        *obj = probe;
+    }
+}
+
+/// Server-set fields of a new object, as the strategies' PrepareForCreate and BeforeCreate set
+/// them after admission.
+fn prepare_for_create(resource: &ResourceInfo, obj: &mut Value) {
+    let m = meta_mut(obj);
+    m.remove("deletionTimestamp");
+    m.remove("deletionGracePeriodSeconds");
+    if resource.generation {
+        m.insert("generation".into(), json!(1));
+    }
+    if is_namespace(resource) {
+        // A new Namespace is Active and carries the `kubernetes` finalizer, which the namespace
+        // controller removes once it has emptied a deleted namespace.
+        obj["status"] = json!({"phase": "Active"});
+        if !obj.get("spec").is_some_and(Value::is_object) {
+            obj["spec"] = json!({});
+        }
+        let finalizers = obj["spec"]
+            .as_object_mut()
+            .expect("spec was just made an object")
+            .entry("finalizers")
+            .or_insert_with(|| json!([]));
+        if !finalizers.is_array() {
+            *finalizers = json!([]);
+        }
+        if let Some(list) = finalizers.as_array_mut()
+            && !list.iter().any(|f| f == "kubernetes")
+        {
+            list.push(json!("kubernetes"));
+        }
+    }
+}
+
+/// NamespaceLifecycle's refusal of a create in a terminating namespace.
+fn terminating(resource: &ResourceInfo, name: &str, namespace: &str) -> ApiError {
+    let mut e = ApiError::new(
+        403,
+        "Forbidden",
+        format!(
+            "{} \"{name}\" is forbidden: unable to create new content in namespace {namespace} \
+             because it is being terminated",
+            qualified(resource)
+        ),
+    );
+    e.details = Some(json!({
+        "name": name,
+        "group": resource.group,
+        "kind": resource.plural,
+        "causes": [{
+            "reason": "NamespaceTerminating",
+            "message": format!("namespace {namespace} is being terminated"),
+            "field": "metadata.namespace",
+        }],
+    }));
+    e
+}
+
+async fn create(ctx: &Ctx<'_>, body: &[u8]) -> ApiResult {
+    let obj = parse_body(body)?;
+    create_object(ctx, obj, FieldOp::Update).await
+}
+
+async fn create_object(ctx: &Ctx<'_>, mut obj: Value, op: FieldOp<'_>) -> ApiResult {
     check_type(ctx.resource, &mut obj)?;
     if let Some(ns) = meta(&obj, "namespace").filter(|ns| !ns.is_empty())
         && ctx.resource.namespaced
@@ -1326,12 +1703,20 @@ async fn create_object(ctx: &Ctx<'_>, mut obj: Value) -> ApiResult {
         }
     };
     if ctx.resource.namespaced {
+        // NamespaceLifecycle, the first admission plugin: no content in a namespace that does
+        // not exist, and no new content in one being terminated (as its lagging view says).
         let exists = ctx
             .store()
-            .get(&Key::new(&RESOURCES[0], "", ctx.namespace))
+            .get(&Key::new(namespace_resource(), "", ctx.namespace))
             .is_some();
         if !exists {
-            return Err(ApiError::not_found(&RESOURCES[0], ctx.namespace));
+            return Err(ApiError::not_found(namespace_resource(), ctx.namespace));
+        }
+        let phase = ctx
+            .namespace_view(ctx.namespace)
+            .and_then(|ns| ns.pointer("/status/phase").cloned());
+        if phase.as_ref().and_then(Value::as_str) == Some("Terminating") {
+            return Err(terminating(ctx.resource, &name, ctx.namespace));
         }
     }
     {
@@ -1345,14 +1730,15 @@ async fn create_object(ctx: &Ctx<'_>, mut obj: Value) -> ApiResult {
         }
         m.insert("uid".into(), json!(uid));
         m.insert("creationTimestamp".into(), json!(now()));
-        if ctx.resource.generation {
-            m.insert("generation".into(), json!(1));
-        }
     }
+    prepare_for_create(ctx.resource, &mut obj);
     normalize(ctx.resource, &name, &mut obj)?;
+    record_fields(ctx, op, None, &mut obj);
     let mut admitted = admit(ctx, Operation::Create, &name, obj.clone(), None).await?;
     check_type(ctx.resource, &mut admitted)?;
     restore_identity(&obj, &mut admitted);
+    prepare_for_create(ctx.resource, &mut admitted);
+    keep_managed_fields(&obj, &mut admitted);
     normalize(ctx.resource, &name, &mut admitted)?;
     let key = ctx.key(&name);
     let mut store = ctx.store();
@@ -1400,7 +1786,10 @@ async fn update(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
         }
     }
     let precondition = meta(&obj, "resourceVersion").filter(|rv| !rv.is_empty());
-    write_loop(ctx, name, precondition, move |_existing| Ok(obj.clone())).await
+    write_loop(ctx, name, precondition, FieldOp::Update, move |_existing| {
+        Ok(obj.clone())
+    })
+    .await
 }
 
 async fn patch(
@@ -1411,6 +1800,7 @@ async fn patch(
     body: &[u8],
 ) -> ApiResult {
     let media = content_type.split(';').next().unwrap_or("").trim();
+    let strategic_type = schema::root(ctx.resource.group, ctx.resource.kind);
     let patch: Value = match media {
         "application/apply-patch+yaml" => {
             if manager.is_none_or(str::is_empty) {
@@ -1423,6 +1813,16 @@ async fn patch(
             serde_saphyr::from_str(text).map_err(|e| {
                 ApiError::bad_request(format!("the apply body is not valid YAML: {e}"))
             })?
+        }
+        "application/strategic-merge-patch+json" if strategic_type.is_none() => {
+            // Custom resources have no patch strategies: kube-apiserver does not offer this type.
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml; got {media:?}"
+                ),
+            ));
         }
         "application/merge-patch+json"
         | "application/json-patch+json"
@@ -1439,29 +1839,39 @@ async fn patch(
         }
     };
     if media == "application/apply-patch+yaml" {
+        if !patch.is_object() {
+            return Err(ApiError::bad_request(
+                "the applied configuration must be an object",
+            ));
+        }
         let exists = ctx.store().get(&ctx.key(name)).is_some();
         if !exists {
             // Server-side apply creates what does not exist.
             let mut obj = patch.clone();
-            if !obj.is_object() {
-                return Err(ApiError::bad_request(
-                    "the applied configuration must be an object",
-                ));
-            }
             meta_mut(&mut obj).insert("name".into(), json!(name));
-            return create_object(ctx, obj).await;
+            return create_object(ctx, obj, FieldOp::Apply(&patch)).await;
         }
     }
     let resource = ctx.resource;
-    write_loop(ctx, name, None, move |existing| {
+    let op = if media == "application/apply-patch+yaml" {
+        FieldOp::Apply(&patch)
+    } else {
+        FieldOp::Update
+    };
+    write_loop(ctx, name, None, op, |existing| {
         let mut out = existing.clone();
         match media {
             "application/merge-patch+json" => patches::merge(&mut out, &patch),
             "application/json-patch+json" => {
                 patches::json(&mut out, &patch).map_err(|e| ApiError::invalid(resource, name, e))?
             }
-            "application/strategic-merge-patch+json" => patches::strategic(&mut out, &patch)
-                .map_err(|e| ApiError::invalid(resource, name, e))?,
+            "application/strategic-merge-patch+json" => {
+                let ty = strategic_type.unwrap_or(schema::Ty::Unknown);
+                patches::strategic(&mut out, &patch, ty).map_err(|e| match e.code {
+                    400 => ApiError::bad_request(e.message),
+                    _ => ApiError::new(422, "Invalid", e.message),
+                })?
+            }
             _ => out = patches::apply(Some(existing), &patch),
         }
         if !out.is_object() {
@@ -1477,14 +1887,20 @@ async fn patch(
 }
 
 /// The read-modify-write of an UPDATE or PATCH, as kube-apiserver's GuaranteedUpdate: read the
-/// stored object, compute the new one, run admission, and store it only if nothing was written
-/// in between; otherwise retry (or 409 when the client gave a resourceVersion precondition).
+/// stored object, compute the new one, record it in managedFields, run admission, apply the
+/// strategy, and store it only if nothing was written in between; otherwise retry (or 409 when
+/// the client gave a resourceVersion precondition).
+///
 /// A write whose result equals the stored object stores nothing and bumps no resourceVersion
-/// (admission still runs), as the etcd3 store skips identical writes.
+/// (admission still runs), as the etcd3 store skips identical writes. Because managedFields are
+/// recorded before admission, a request that changed a field writes even when a webhook changed
+/// it back, unless only managedFields timestamps would differ (see
+/// `ignore_managed_fields_timestamps`).
 async fn write_loop(
     ctx: &Ctx<'_>,
     name: &str,
     precondition: Option<String>,
+    op: FieldOp<'_>,
     mut compute: impl FnMut(&Value) -> Result<Value, ApiError>,
 ) -> ApiResult {
     let key = ctx.key(name);
@@ -1518,12 +1934,14 @@ async fn write_loop(
             ));
         }
         restore_identity(&existing, &mut obj);
-        carry_server_fields(ctx.resource, &existing, &mut obj);
         normalize(ctx.resource, name, &mut obj)?;
-        let mut admitted = admit(ctx, Operation::Update, name, obj, Some(&existing)).await?;
+        record_fields(ctx, op, Some(&existing), &mut obj);
+        let mut admitted =
+            admit(ctx, Operation::Update, name, obj.clone(), Some(&existing)).await?;
         check_type(ctx.resource, &mut admitted)?;
         restore_identity(&existing, &mut admitted);
         carry_server_fields(ctx.resource, &existing, &mut admitted);
+        keep_managed_fields(&obj, &mut admitted);
         normalize(ctx.resource, name, &mut admitted)?;
 
         let mut store = ctx.store();
@@ -1537,6 +1955,7 @@ async fn write_loop(
             continue;
         }
         meta_mut(&mut admitted).insert("resourceVersion".into(), json!(existing_rv));
+        ignore_managed_fields_timestamps(&existing, &mut admitted);
         if admitted == *existing || ctx.dry_run {
             return Ok(ok_json(StatusCode::OK, &admitted));
         }
@@ -1548,28 +1967,60 @@ async fn write_loop(
     Err(ApiError::conflict(ctx.resource, name))
 }
 
-/// Fields the server owns on update: `generation` (bumped when `spec` changes, for resources
-/// that track it) and `status` is left to the status subresource, so a main-resource write keeps
-/// the stored one.
+/// What the registry strategies do on update after mutating admission (BeforeUpdate and
+/// PrepareForUpdate): `deletionTimestamp` never changes; `status` is left to the status
+/// subresource, so a main-resource write keeps the stored one; a Namespace keeps its
+/// `spec.finalizers`; `generation` is bumped when `spec` changes, and for a Deployment also
+/// when its annotations change (they are copied to its ReplicaSets). Computed on the object as
+/// admission left it.
 fn carry_server_fields(resource: &ResourceInfo, existing: &Value, obj: &mut Value) {
+    let deletion = existing.pointer("/metadata/deletionTimestamp").cloned();
+    let m = meta_mut(obj);
+    match deletion {
+        Some(t) => m.insert("deletionTimestamp".into(), t),
+        None => m.remove("deletionTimestamp"),
+    };
+    let keep_status = |obj: &mut Value| match existing.get("status") {
+        Some(s) => obj["status"] = s.clone(),
+        None => {
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
+    };
     if resource.generation {
         let generation = existing
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(1);
-        let bumped = if existing.get("spec") != obj.get("spec") {
-            generation + 1
-        } else {
-            generation
+        // apiequality.Semantic.DeepEqual: an empty map equals an absent one.
+        let annotations = |o: &Value| {
+            o.pointer("/metadata/annotations")
+                .and_then(Value::as_object)
+                .filter(|a| !a.is_empty())
+                .cloned()
         };
+        let changed = existing.get("spec") != obj.get("spec")
+            || (resource.kind == "Deployment" && annotations(existing) != annotations(obj));
+        let bumped = if changed { generation + 1 } else { generation };
         meta_mut(obj).insert("generation".into(), json!(bumped));
-        match existing.get("status") {
-            Some(s) => obj["status"] = s.clone(),
-            None => {
-                if let Some(o) = obj.as_object_mut() {
-                    o.remove("status");
-                }
+        keep_status(obj);
+    }
+    if is_namespace(resource) {
+        keep_status(obj);
+        let finalizers = existing.pointer("/spec/finalizers").cloned();
+        match (
+            finalizers,
+            obj.get_mut("spec").and_then(Value::as_object_mut),
+        ) {
+            (Some(f), Some(spec)) => {
+                spec.insert("finalizers".into(), f);
             }
+            (Some(f), None) => obj["spec"] = json!({ "finalizers": f }),
+            (None, Some(spec)) => {
+                spec.remove("finalizers");
+            }
+            (None, None) => {}
         }
     }
 }
@@ -1603,6 +2054,9 @@ async fn delete(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
         }
     }
     admit(ctx, Operation::Delete, name, Value::Null, Some(&existing)).await?;
+    if is_namespace(ctx.resource) {
+        return terminate_namespace(ctx, name);
+    }
     if ctx.dry_run {
         return Ok(ok_json(StatusCode::OK, &existing));
     }
@@ -1610,17 +2064,126 @@ async fn delete(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
     let deleted = store
         .write(ctx.resource, key, None)
         .expect("a delete returns the last state");
-    if ctx.resource.kind == "Namespace" {
-        // The namespace controller deletes everything in a deleted namespace (here at once,
-        // without the Terminating phase).
-        for resource in RESOURCES.iter().filter(|r| r.namespaced) {
-            for obj in store.list(resource, Some(name)) {
-                let obj_name = meta(&obj, "name").unwrap_or_default();
-                store.write(resource, Key::new(resource, name, &obj_name), None);
-            }
+    Ok(ok_json(StatusCode::OK, &deleted))
+}
+
+/// The DELETE of a Namespace, as the namespace registry answers it: the first one marks it
+/// Terminating (`deletionTimestamp`, `status.phase`: a MODIFIED event) and answers 200 with it;
+/// the namespace controller then empties it in the background (see `empty_namespace`). A DELETE
+/// of a Namespace already terminating answers it as it is.
+fn terminate_namespace(ctx: &Ctx<'_>, name: &str) -> ApiResult {
+    let key = ctx.key(name);
+    let mut store = ctx.store();
+    let current = store
+        .get(&key)
+        .ok_or_else(|| ApiError::not_found(ctx.resource, name))?;
+    if current.pointer("/metadata/deletionTimestamp").is_some() {
+        return Ok(ok_json(StatusCode::OK, &current));
+    }
+    let mut terminating = (*current).clone();
+    meta_mut(&mut terminating).insert("deletionTimestamp".into(), json!(now()));
+    if !terminating.get("status").is_some_and(Value::is_object) {
+        terminating["status"] = json!({});
+    }
+    terminating["status"]["phase"] = json!("Terminating");
+    if ctx.dry_run {
+        return Ok(ok_json(StatusCode::OK, &terminating));
+    }
+    let uid = meta(&terminating, "uid").unwrap_or_default();
+    let stored = store
+        .write(ctx.resource, key, Some(terminating))
+        .expect("a write returns the stored object");
+    drop(store);
+    let task = tokio::spawn(empty_namespace(ctx.shared.clone(), name.to_owned(), uid));
+    let mut background = lock(&ctx.shared.background);
+    background.retain(|t| !t.is_finished());
+    background.push(task);
+    Ok(ok_json(StatusCode::OK, &stored))
+}
+
+/// The namespace controller emptying a terminating Namespace: its objects are deleted one at a
+/// time (each a DELETED event), spread over `Options::namespace_termination`, kinds in the
+/// order the stand-in serves them; then anything created meanwhile (a create that a lagging
+/// view let through); then the status conditions are set (MODIFIED) and the `kubernetes`
+/// finalizer removed, which deletes the Namespace (DELETED, last).
+async fn empty_namespace(shared: Arc<Shared>, name: String, uid: String) {
+    let content = |store: &Store| -> Vec<(&'static ResourceInfo, String)> {
+        RESOURCES
+            .iter()
+            .filter(|r| r.namespaced)
+            .flat_map(|r| {
+                store
+                    .list(r, Some(&name))
+                    .into_iter()
+                    .map(move |o| (r, meta(&o, "name").unwrap_or_default()))
+            })
+            .collect()
+    };
+    let count = content(&lock(&shared.store)).len();
+    let step = shared.namespace_termination / (count as u32 + 1);
+    for _ in 0..count {
+        tokio::time::sleep(step).await;
+        let mut store = lock(&shared.store);
+        if let Some((resource, object)) = content(&store).into_iter().next() {
+            store.write(resource, Key::new(resource, &name, &object), None);
         }
     }
-    Ok(ok_json(StatusCode::OK, &deleted))
+    tokio::time::sleep(step).await;
+    let mut store = lock(&shared.store);
+    for (resource, object) in content(&store) {
+        store.write(resource, Key::new(resource, &name, &object), None);
+    }
+    let key = Key::new(namespace_resource(), "", &name);
+    let Some(namespace) = store.get(&key) else {
+        return;
+    };
+    if meta(&namespace, "uid").as_deref() != Some(uid.as_str()) {
+        return;
+    }
+    let mut namespace = (*namespace).clone();
+    let at = now();
+    let condition = |kind: &str, reason: &str, message: &str| {
+        json!({
+            "type": kind,
+            "status": "False",
+            "lastTransitionTime": at,
+            "reason": reason,
+            "message": message,
+        })
+    };
+    namespace["status"]["conditions"] = json!([
+        condition(
+            "NamespaceDeletionDiscoveryFailure",
+            "ResourcesDiscovered",
+            "All resources successfully discovered"
+        ),
+        condition(
+            "NamespaceDeletionGroupVersionParsingFailure",
+            "ParsedGroupVersions",
+            "All legacy kube types successfully parsed"
+        ),
+        condition(
+            "NamespaceDeletionContentFailure",
+            "ContentDeleted",
+            "All content successfully deleted, may be waiting on finalization"
+        ),
+        condition(
+            "NamespaceContentRemaining",
+            "ContentRemoved",
+            "All content successfully removed"
+        ),
+        condition(
+            "NamespaceFinalizersRemaining",
+            "ContentHasNoFinalizers",
+            "All content-preserving finalizers finished"
+        ),
+    ]);
+    let resource = namespace_resource();
+    store.write(resource, key.clone(), Some(namespace.clone()));
+    if namespace.get("spec").is_some_and(Value::is_object) {
+        namespace["spec"]["finalizers"] = json!([]);
+    }
+    store.delete_as(resource, key, namespace);
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -86,7 +87,16 @@ pub struct Store {
     rollouts: HashMap<(String, String, String), u64>,
     snapshots: HashMap<u64, Snapshot>,
     next_id: u64,
+    /// Every write of each Namespace with when it was made (None: deleted), for views of the
+    /// Namespaces that lag behind the store (see `namespace_as_of`).
+    namespace_log: HashMap<String, VecDeque<NamespaceWrite>>,
 }
+
+/// When a Namespace was written, and how it was then (None: deleted).
+type NamespaceWrite = (Instant, Option<Arc<Value>>);
+
+/// How many writes of one Namespace `namespace_log` keeps.
+const NAMESPACE_LOG: usize = 64;
 
 /// Bound on the replayable history; older writes are compacted away.
 const HISTORY: usize = 100_000;
@@ -102,6 +112,7 @@ impl Store {
             rollouts: HashMap::new(),
             snapshots: HashMap::new(),
             next_id: 0,
+            namespace_log: HashMap::new(),
         }
     }
 
@@ -173,9 +184,31 @@ impl Store {
         key: Key,
         object: Option<Value>,
     ) -> Option<Arc<Value>> {
+        self.commit(resource, key, object, None)
+    }
+
+    /// Deletes the object, with `last` as the state its DELETED event carries (as when a write
+    /// that empties the finalizers of an object being deleted deletes it instead).
+    pub fn delete_as(
+        &mut self,
+        resource: &'static ResourceInfo,
+        key: Key,
+        last: Value,
+    ) -> Option<Arc<Value>> {
+        self.commit(resource, key, None, Some(last))
+    }
+
+    fn commit(
+        &mut self,
+        resource: &'static ResourceInfo,
+        key: Key,
+        object: Option<Value>,
+        last: Option<Value>,
+    ) -> Option<Arc<Value>> {
         self.rv += 1;
         let rv = self.rv;
         let old = self.objects.get(&key).cloned();
+        let name = key.name.clone();
         let (kind, stored) = match object {
             Some(mut obj) => {
                 set_rv(&mut obj, rv);
@@ -191,11 +224,21 @@ impl Store {
             }
             None => {
                 self.objects.remove(&key);
-                let mut last = old.as_deref().cloned().unwrap_or(Value::Null);
+                let mut last = last
+                    .or_else(|| old.as_deref().cloned())
+                    .unwrap_or(Value::Null);
                 set_rv(&mut last, rv);
                 (EventType::Deleted, Arc::new(last))
             }
         };
+        if resource.group.is_empty() && resource.kind == "Namespace" {
+            let log = self.namespace_log.entry(name).or_default();
+            if log.len() == NAMESPACE_LOG {
+                log.pop_front();
+            }
+            let state = (kind != EventType::Deleted).then(|| stored.clone());
+            log.push_back((Instant::now(), state));
+        }
         let event = Event {
             rv,
             resource,
@@ -235,6 +278,18 @@ impl Store {
                 ))
                 .or_default() += 1;
         }
+    }
+
+    /// The Namespace `name` as a cache that applies each write `lag` after it was made sees it
+    /// now; None when that view has no such Namespace (not yet created, or deleted).
+    pub fn namespace_as_of(&self, name: &str, lag: Duration) -> Option<Arc<Value>> {
+        let now = Instant::now();
+        self.namespace_log
+            .get(name)?
+            .iter()
+            .rev()
+            .find(|(at, _)| now.saturating_duration_since(*at) >= lag)
+            .and_then(|(_, state)| state.clone())
     }
 
     pub fn rollouts(&self, namespace: &str, kind: &str, name: &str) -> u64 {
