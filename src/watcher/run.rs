@@ -32,9 +32,16 @@ use crate::watcher::state::{
     WatcherConfig, WorkloadEvent, api_resource,
 };
 
-/// Secrets that are never configuration: Helm release records and service-account tokens.
-pub const SECRET_FIELD_SELECTOR: &str =
-    "type!=helm.sh/release.v1,type!=kubernetes.io/service-account-token";
+/// The most Secrets in one list page (when `WatcherConfig::page_size` is not smaller).
+///
+/// Secrets of every type are watched, as the webhook reads any Secret a workload uses; among
+/// them are Helm release records of up to 1 MiB each. A page is held whole while it is read and
+/// decoded, about 2.8 times its data, so its size bounds the watcher's peak memory during a
+/// list. Ten keeps a page of the largest Secrets to 10 MiB of data: with 1,000 release records
+/// among 10,000 other Secrets the peak was 36 MiB at 500 KiB a record (the same as without
+/// them) and 49 MiB at 1 MiB, against 92 and 162 MiB with pages of 50, for no measurable
+/// difference in sync time (BENCHMARKS.md section 5).
+pub const SECRET_PAGE_SIZE: u32 = 10;
 
 /// Runs the watcher until the task is dropped.
 pub async fn run(
@@ -44,21 +51,29 @@ pub async fn run(
     metrics: Arc<Metrics>,
     config: WatcherConfig,
 ) {
+    run_with_secret_page_size(client, keys, leadership, metrics, config, SECRET_PAGE_SIZE).await;
+}
+
+/// [`run`], listing Secrets `secret_page_size` at a time (at most `config.page_size`) instead of
+/// [`SECRET_PAGE_SIZE`]: for measuring that choice.
+pub async fn run_with_secret_page_size(
+    client: kube::Client,
+    keys: Arc<KeyStore>,
+    leadership: Leadership,
+    metrics: Arc<Metrics>,
+    config: WatcherConfig,
+    secret_page_size: u32,
+) {
+    let pages = Pages::new(config.page_size, secret_page_size);
     let state = State::new(config.clone(), keys.current(), metrics, SystemTime::now());
     let (tx, rx) = mpsc::channel(1024);
     let mut tasks = vec![
         tokio::spawn(watch_configs::<ConfigMap>(
             client.clone(),
             tx.clone(),
-            config.page_size,
-            None,
+            pages,
         )),
-        tokio::spawn(watch_configs::<Secret>(
-            client.clone(),
-            tx.clone(),
-            config.page_size,
-            Some(SECRET_FIELD_SELECTOR),
-        )),
+        tokio::spawn(watch_configs::<Secret>(client.clone(), tx.clone(), pages)),
         tokio::spawn(watch_namespaces(client.clone(), tx.clone())),
         tokio::spawn(watch_workload_kinds(
             client.clone(),
@@ -78,6 +93,7 @@ pub async fn run(
         keys,
         leadership,
         config,
+        pages,
         tx,
         recorder,
         spans: HashMap::new(),
@@ -95,6 +111,7 @@ struct Shell {
     keys: Arc<KeyStore>,
     leadership: Leadership,
     config: WatcherConfig,
+    pages: Pages,
     tx: mpsc::Sender<Input>,
     recorder: Recorder,
     /// The span of each touch in flight: its result is handled inside it.
@@ -175,7 +192,7 @@ impl Shell {
                         self.tx.clone(),
                         namespace,
                         generation,
-                        self.config.page_size,
+                        self.pages,
                         self.config.retry_base,
                     ));
                 }
@@ -254,6 +271,43 @@ async fn sleep_until(at: Option<Instant>) {
 
 // ----- watches -----
 
+/// List page sizes: Secrets get their own, as their pages can be the largest by far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pages {
+    /// ConfigMaps (and workloads, which use `WatcherConfig::page_size` directly).
+    config_maps: u32,
+    secrets: u32,
+}
+
+impl Pages {
+    /// `page_size` for ConfigMaps, the smaller of it and `secret_page_size` for Secrets. 0 is
+    /// "no limit" to the API server: Secrets always have one.
+    fn new(page_size: u32, secret_page_size: u32) -> Pages {
+        let most = if page_size == 0 { u32::MAX } else { page_size };
+        Pages {
+            config_maps: page_size,
+            secrets: secret_page_size.clamp(1, most),
+        }
+    }
+
+    fn of(&self, kind: ObjectKind) -> u32 {
+        match kind {
+            ObjectKind::Secret => self.secrets,
+            ObjectKind::ConfigMap => self.config_maps,
+        }
+    }
+
+    /// The cluster-wide watch of `kind`: every object of every type, `of(kind)` a page.
+    fn watch_config(&self, kind: ObjectKind) -> watcher::Config {
+        watcher::Config::default().page_size(self.of(kind))
+    }
+
+    /// A list of `kind` in one namespace: every object of every type, `of(kind)` a page.
+    fn list_params(&self, kind: ObjectKind) -> ListParams {
+        ListParams::default().limit(self.of(kind))
+    }
+}
+
 /// A ConfigMap or Secret as the store keeps it.
 trait ConfigObject:
     kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -299,14 +353,10 @@ fn config_key<K: kube::Resource>(obj: &K, kind: ObjectKind) -> Option<ConfigKey>
 async fn watch_configs<K: ConfigObject>(
     client: kube::Client,
     tx: mpsc::Sender<Input>,
-    page_size: u32,
-    fields: Option<&'static str>,
+    pages: Pages,
 ) {
     let api: Api<K> = Api::all(client);
-    let mut cfg = watcher::Config::default().page_size(page_size);
-    if let Some(f) = fields {
-        cfg = cfg.fields(f);
-    }
+    let cfg = pages.watch_config(K::KIND);
     let adapter = Adapter::new(
         |obj: &K| config_key(obj, K::KIND),
         |_: &ConfigKey, obj: K| obj.stored(),
@@ -461,7 +511,7 @@ async fn backfill(
     tx: mpsc::Sender<Input>,
     namespace: String,
     generation: u64,
-    page_size: u32,
+    pages: Pages,
     retry_base: Duration,
 ) {
     let source = ConfigSource::Backfill {
@@ -476,15 +526,8 @@ async fn backfill(
     loop {
         let mut list = Vec::new();
         let listed = async {
-            list_namespace::<ConfigMap>(&client, &namespace, page_size, None, &mut list).await?;
-            list_namespace::<Secret>(
-                &client,
-                &namespace,
-                page_size,
-                Some(SECRET_FIELD_SELECTOR),
-                &mut list,
-            )
-            .await
+            list_namespace::<ConfigMap>(&client, &namespace, pages, &mut list).await?;
+            list_namespace::<Secret>(&client, &namespace, pages, &mut list).await
         }
         .await;
         match listed {
@@ -525,15 +568,11 @@ type Listed = (ConfigKey, Option<StoredConfig>);
 async fn list_namespace<K: ConfigObject>(
     client: &kube::Client,
     namespace: &str,
-    page_size: u32,
-    fields: Option<&str>,
+    pages: Pages,
     out: &mut Vec<Listed>,
 ) -> Result<(), kube::Error> {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
-    let mut params = ListParams::default().limit(page_size);
-    if let Some(f) = fields {
-        params = params.fields(f);
-    }
+    let mut params = pages.list_params(K::KIND);
     loop {
         let page = api.list(&params).await?;
         for obj in &page.items {
@@ -630,5 +669,56 @@ mod tests {
             "metadata": {"name": "shop", "deletionTimestamp": "2026-01-01T00:00:00Z"},
         }));
         assert!(terminating(&timestamp_only));
+    }
+
+    #[test]
+    fn secrets_of_every_type_are_watched_and_listed() {
+        let pages = Pages::new(WatcherConfig::default().page_size, SECRET_PAGE_SIZE);
+        for kind in ObjectKind::ALL {
+            let watch = pages.watch_config(kind);
+            assert_eq!(watch.field_selector, None, "{kind:?}");
+            assert_eq!(watch.label_selector, None, "{kind:?}");
+            let list = pages.list_params(kind);
+            assert_eq!(list.field_selector, None, "{kind:?}");
+            assert_eq!(list.label_selector, None, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_paged_smaller_than_config_maps() {
+        let page_size = WatcherConfig::default().page_size;
+        let pages = Pages::new(page_size, SECRET_PAGE_SIZE);
+        assert!(SECRET_PAGE_SIZE < page_size);
+        assert_eq!(
+            pages.watch_config(ObjectKind::Secret).page_size,
+            Some(SECRET_PAGE_SIZE)
+        );
+        assert_eq!(
+            pages.list_params(ObjectKind::Secret).limit,
+            Some(SECRET_PAGE_SIZE)
+        );
+        assert_eq!(
+            pages.watch_config(ObjectKind::ConfigMap).page_size,
+            Some(page_size)
+        );
+        assert_eq!(
+            pages.list_params(ObjectKind::ConfigMap).limit,
+            Some(page_size)
+        );
+    }
+
+    #[test]
+    fn a_secret_page_is_never_larger_than_the_page_size_nor_unlimited() {
+        assert_eq!(Pages::new(4, SECRET_PAGE_SIZE).of(ObjectKind::Secret), 4);
+        assert_eq!(Pages::new(50, 500).of(ObjectKind::Secret), 50);
+        // 0 is "no limit" to the API server.
+        assert_eq!(Pages::new(50, 0).of(ObjectKind::Secret), 1);
+        assert_eq!(
+            Pages::new(0, SECRET_PAGE_SIZE),
+            Pages {
+                config_maps: 0,
+                secrets: SECRET_PAGE_SIZE
+            }
+        );
     }
 }
