@@ -1074,6 +1074,8 @@ async fn a_write_that_a_webhook_turns_back_is_stored_for_its_managed_fields() {
 
     // The same manager changing the same field again changes no field set, only a timestamp:
     // as kube-apiserver's IgnoreManagedFieldsTimestampsTransformer does, nothing is written.
+    // A second later, so the manager's new time also moves its entry (entries are ordered by time).
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let rv = server.resource_version();
     let (params, patch) = touch("tester");
     deploys.patch("web", &params, &patch).await.unwrap();

@@ -463,23 +463,41 @@ pub fn apply(
 
 /// Whether two managedFields lists differ at most in their timestamps.
 pub fn equal_but_for_time(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| -> Value {
-        let mut v = v.clone();
-        if let Some(list) = v.as_array_mut() {
-            for e in list {
+    // Entries are ordered by time, so a newer time can move an entry: compare them as sets.
+    let strip = |v: &Value| -> Option<Vec<String>> {
+        let mut entries: Vec<String> = v
+            .as_array()?
+            .iter()
+            .map(|e| {
+                let mut e = e.clone();
                 if let Some(o) = e.as_object_mut() {
                     o.remove("time");
                 }
-            }
-        }
-        v
+                e.to_string()
+            })
+            .collect();
+        entries.sort();
+        Some(entries)
     };
-    strip(a) == strip(b)
+    match (strip(a), strip(b)) {
+        (Some(a), Some(b)) => a == b,
+        _ => a == b,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn entries_equal_but_for_time_may_be_in_another_order() {
+        let entry = |manager: &str, time: &str| serde_json::json!({"manager": manager, "operation": "Update", "time": time});
+        let old = Value::Array(vec![entry("a", "1"), entry("b", "1")]);
+        let moved = Value::Array(vec![entry("b", "1"), entry("a", "2")]);
+        assert!(equal_but_for_time(&old, &moved));
+        let other = Value::Array(vec![entry("b", "1"), entry("c", "2")]);
+        assert!(!equal_but_for_time(&old, &other));
+    }
 
     fn write<'a>(manager: &'a str, now: &'a str) -> Write<'a> {
         Write {
