@@ -47,7 +47,7 @@ async fn a_label_only_change_rolls_nothing() {
         .await;
     env.barrier("shop").await;
     let mark = env.mark("shop").await;
-    Api::<ConfigMap>::namespaced(env.client.clone(), "shop")
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.ns("shop"))
         .patch(
             "app-env",
             &PatchParams::default(),
@@ -79,7 +79,7 @@ async fn a_workload_over_max_references_is_never_touched_and_says_why() {
     obj["metadata"]["annotations"] = json!({"confighash.dev/extra-configmaps": extra.join(",")});
     let api: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
-        "shop",
+        &env.ns("shop"),
         &support::api_resource("Deployment"),
     );
     api.create(
@@ -95,7 +95,7 @@ async fn a_workload_over_max_references_is_never_touched_and_says_why() {
     );
     assert_eq!(env.stamp("shop", "Deployment", "web").await, None);
     env.eventually("the Warning Event", || async {
-        Api::<Event>::namespaced(env.client.clone(), "shop")
+        Api::<Event>::namespaced(env.client.clone(), &env.ns("shop"))
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -187,7 +187,7 @@ async fn a_workload_created_past_the_webhook_is_counted_as_bypassed_once() {
     env.restart_webhook().await;
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
-        "shop",
+        &env.ns("shop"),
         &support::api_resource("Deployment"),
     );
     for team in ["a", "b"] {

@@ -64,7 +64,7 @@ async fn on_delete_stateful_set(env: &Env, name: &str, refs: &[(&str, &str)]) {
     let mut obj = support::workload_object("StatefulSet", name, refs, json!({}));
     obj["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
     let sts: StatefulSet = serde_json::from_value(obj).unwrap();
-    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+    Api::<StatefulSet>::namespaced(env.client.clone(), &env.ns(NS))
         .create(&PostParams::default(), &sts)
         .await
         .unwrap();
@@ -72,7 +72,7 @@ async fn on_delete_stateful_set(env: &Env, name: &str, refs: &[(&str, &str)]) {
 
 /// The ConfigChanged Events recorded for the workload `name`.
 async fn config_changed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), NS)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -197,7 +197,7 @@ async fn a_replaced_key_rolls_nothing_until_a_config_change() {
     env.barrier(NS).await;
     env.barrier(NS).await;
     // An UPDATE that leaves the template unchanged keeps it too.
-    Api::<Deployment>::namespaced(env.client.clone(), NS)
+    Api::<Deployment>::namespaced(env.client.clone(), &env.ns(NS))
         .patch(
             "web",
             &PatchParams::default(),
@@ -514,7 +514,7 @@ async fn the_event_of_a_retried_touch_names_the_config_map() {
 
 /// The TouchFailed Events recorded for the workload `name`.
 async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), NS)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
         .list(&ListParams::default())
         .await
         .unwrap()

@@ -77,7 +77,7 @@ async fn replace_rolls_nothing(carried: Carried) {
         if let Some(name) = sidecar {
             Api::<Namespace>::all(env.client.clone())
                 .patch(
-                    ns,
+                    &env.ns(ns),
                     &PatchParams::default(),
                     &Patch::Merge(json!({"metadata": {"labels": {"sidecar": name}}})),
                 )
@@ -119,7 +119,7 @@ async fn replace_rolls_nothing(carried: Carried) {
         );
 
         let api: Api<DynamicObject> =
-            Api::namespaced_with(env.client.clone(), ns, &api_resource("Deployment"));
+            Api::namespaced_with(env.client.clone(), &env.ns(ns), &api_resource("Deployment"));
         api.replace("web", &PostParams::default(), &manifest(&before))
             .await
             .unwrap();
@@ -173,14 +173,18 @@ async fn opting_a_stamped_workload_out_by_replace_rolls_nothing() {
         json!({"confighash.dev/enabled": "false"}),
     );
     object["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
-    Api::<DynamicObject>::namespaced_with(env.client.clone(), "shop", &api_resource("Deployment"))
-        .replace(
-            "web",
-            &PostParams::default(),
-            &serde_json::from_value(object).unwrap(),
-        )
-        .await
-        .unwrap();
+    Api::<DynamicObject>::namespaced_with(
+        env.client.clone(),
+        &env.ns("shop"),
+        &api_resource("Deployment"),
+    )
+    .replace(
+        "web",
+        &PostParams::default(),
+        &serde_json::from_value(object).unwrap(),
+    )
+    .await
+    .unwrap();
     env.barrier("shop").await;
     assert_eq!(env.rollouts("shop", "Deployment", "web").await, 0);
     assert_eq!(env.stamp("shop", "Deployment", "web").await, stamp);

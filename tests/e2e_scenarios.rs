@@ -26,7 +26,7 @@ async fn twin_stamp(env: &Env, namespace: &str, twin: &str, refs: &[(&str, &str)
 
 /// Sets an annotation on a ConfigMap (a metadata-only write).
 async fn annotate_config_map(env: &Env, namespace: &str, name: &str, key: &str, value: &str) {
-    Api::<ConfigMap>::namespaced(env.client.clone(), namespace)
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.ns(namespace))
         .patch(
             name,
             &PatchParams::default(),
@@ -39,7 +39,7 @@ async fn annotate_config_map(env: &Env, namespace: &str, name: &str, key: &str, 
 /// Changes a Deployment's pod template (its image) the way an apply of a new manifest does:
 /// the stored object with the change, through the admission chain.
 async fn change_image(env: &Env, namespace: &str, name: &str, image: &str) {
-    let api: Api<Deployment> = Api::namespaced(env.client.clone(), namespace);
+    let api: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns(namespace));
     let mut d = api.get(name).await.unwrap();
     d.spec
         .as_mut()
@@ -422,10 +422,11 @@ async fn every_workload_kind_rolls_once() {
         assert_ne!(last, first, "{kind}");
         assert_eq!(last.as_deref(), Some(expected.as_str()), "{kind}");
     }
-    // Running Jobs are left alone and none is created: the stand-in does not serve Jobs, so this
-    // is checked on a real cluster only.
+    // Running Jobs are left alone and none is created (the CronJob is suspended, so none starts
+    // by its schedule): the stand-in does not serve Jobs, so this is checked on a real cluster
+    // only.
     if !env.is_stand_in() {
-        let jobs = Api::<Job>::namespaced(env.client.clone(), "s9")
+        let jobs = Api::<Job>::namespaced(env.client.clone(), &env.ns("s9"))
             .list(&ListParams::default())
             .await
             .unwrap();
@@ -548,7 +549,7 @@ async fn opt_in(env: &Env, namespace: &str, opted_in: bool) {
     let value = if opted_in { json!("true") } else { json!(null) };
     Api::<Namespace>::all(env.client.clone())
         .patch(
-            namespace,
+            &env.ns(namespace),
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": value}}})),
         )

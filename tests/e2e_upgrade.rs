@@ -76,8 +76,8 @@ fn kind_of(kind: &str) -> WorkloadKind {
 async fn stamps_now(env: &Env, object: &Value) -> (Stamp, Stamp) {
     let key = StampKey::new(support::KEY.to_vec()).unwrap();
     (
-        build::expected_stamp(&env.client, &key, Recipe::V1, NS, object).await,
-        build::expected_stamp(&env.client, &key, Recipe::V2, NS, object).await,
+        build::expected_stamp(&env.client, &key, Recipe::V1, &env.ns(NS), object).await,
+        build::expected_stamp(&env.client, &key, Recipe::V2, &env.ns(NS), object).await,
     )
 }
 
@@ -99,8 +99,11 @@ async fn seed_v1_stamped(env: &Env) -> BTreeMap<&'static str, String> {
         assert_ne!(v1.as_str(), v2.as_str());
         let path = format!("/{}/metadata", kind_of(kind).template_path().join("/"));
         object.pointer_mut(&path).unwrap()["annotations"] = json!({support::STAMP: v1.as_str()});
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(env.client.clone(), NS, &support::api_resource(kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            env.client.clone(),
+            &env.ns(NS),
+            &support::api_resource(kind),
+        );
         api.create(
             &PostParams::default(),
             &serde_json::from_value(object).unwrap(),
@@ -121,7 +124,7 @@ async fn seed_v1_stamped(env: &Env) -> BTreeMap<&'static str, String> {
 async fn opt_in(env: &Env) {
     Api::<Namespace>::all(env.client.clone())
         .patch(
-            NS,
+            &env.ns(NS),
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": "true"}}})),
         )
@@ -146,9 +149,9 @@ fn workload_writes(env: &Env) -> usize {
 /// change has rolled the DaemonSet, everything written before has been handled too.
 async fn barrier(env: &Env) {
     const SENTINEL: &str = "sentinel";
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), SENTINEL);
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns(SENTINEL));
     if Api::<Namespace>::all(env.client.clone())
-        .get_opt(SENTINEL)
+        .get_opt(&env.ns(SENTINEL))
         .await
         .unwrap()
         .is_none()
@@ -193,7 +196,7 @@ async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
     control["spec"]["template"]["metadata"]["annotations"] = json!({support::STAMP: stale});
     Api::<DynamicObject>::namespaced_with(
         env.client.clone(),
-        NS,
+        &env.ns(NS),
         &support::api_resource("DaemonSet"),
     )
     .create(

@@ -44,7 +44,7 @@ fn most_touches_within(elapsed: Duration, retry_base: Duration) -> usize {
 
 /// `TouchFailed` Events on a workload of the namespace.
 async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), NS)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -81,7 +81,7 @@ async fn touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rol
         .fail_fraction(Some("get"), Some("configmaps"), 1.0, 500);
     let changed = tokio::time::Instant::now();
     // Written without reading it first.
-    Api::<ConfigMap>::namespaced(env.client.clone(), NS)
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.ns(NS))
         .patch(
             "app-env",
             &PatchParams::default(),

@@ -452,7 +452,7 @@ async fn logs_events_and_metrics_never_carry_secret_values() {
         .clone();
     assert_eq!(generated.len(), key::GENERATED_KEY_LEN);
 
-    let events = Api::<Event>::namespaced(env.client.clone(), "vault")
+    let events = Api::<Event>::namespaced(env.client.clone(), &env.ns("vault"))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -572,23 +572,28 @@ async fn references_resolve_in_the_workloads_own_namespace_only() {
         let cm = config_map("app-env", &[("LOG_LEVEL", "info")]);
         let view = ObjectView::config_map(&cm).unwrap();
         let key = StampKey::new(support::KEY.to_vec()).unwrap();
-        let absent = checksum::compute_stamp(Some(&key), "team-a", &info.refs, |r| match r.kind {
+        let team_a = env.ns("team-a");
+        let absent = checksum::compute_stamp(Some(&key), &team_a, &info.refs, |r| match r.kind {
             ObjectKind::ConfigMap => RefState::Present(&view),
             ObjectKind::Secret => RefState::Absent,
         });
         assert_eq!(a_first, absent.to_string());
     }
     // team-a names team-b's ConfigMap in an extra-reference annotation: not an object name, left out.
-    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(env.client.clone(), "team-a")
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "confighash.dev/extra-configmaps": "team-b/app-env, team-b.app-env"
-            }}})),
-        )
-        .await
-        .unwrap();
+    let team_b = env.ns("team-b");
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+        env.client.clone(),
+        &env.ns("team-a"),
+    )
+    .patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {
+            "confighash.dev/extra-configmaps": format!("{team_b}/app-env, {team_b}.app-env")
+        }}})),
+    )
+    .await
+    .unwrap();
     env.barrier("team-a").await;
     env.barrier("team-b").await;
     assert_eq!(
