@@ -8,6 +8,9 @@
 //! their namespace is not opted in (the webhook's namespaceSelector skips them, as it would skip
 //! them with no confighash installed), with stamps computed by `compute_stamp_v1` over the
 //! objects as the API server stores them. The namespace is opted in before the watcher starts.
+//!
+//! Both scenarios start the watcher (and its replicas) in-process and count the stand-in's
+//! requests, so on a real cluster they are skipped.
 
 #[path = "common/build.rs"]
 mod build;
@@ -180,11 +183,18 @@ async fn barrier(env: &Env) {
 
 #[tokio::test]
 async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
-    let mut env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
+    let Some(mut env) = Env::stand_in_with(
+        "upgrading_over_right_v1_stamps_rolls_and_patches_nothing",
+        "starts the watcher late, counts requests",
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let v1 = seed_v1_stamped(&env).await;
 
     // A control beside them: a v1 stamp of the current key over content that has changed since
@@ -238,11 +248,18 @@ async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
 
 #[tokio::test]
 async fn a_config_change_during_a_leader_handover_rolls_each_dependent_once() {
-    let mut env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
+    let Some(mut env) = Env::stand_in_with(
+        "a_config_change_during_a_leader_handover_rolls_each_dependent_once",
+        "runs two replicas in-process and stops the leader, counts requests",
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let v1 = seed_v1_stamped(&env).await;
     opt_in(&env).await;
     Api::<Namespace>::all(env.client.clone())

@@ -61,10 +61,15 @@ async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
 async fn touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rolls_once() {
     let setup = Setup::default();
     let retry_base = setup.watcher.retry_base;
-    let env = Env::start_with(setup).await;
-    if !env.is_stand_in() {
+    let Some(env) = Env::stand_in_with(
+        "touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rolls_once",
+        "fails the webhook's lookups, counts requests, reads the watcher's metrics",
+        setup,
+    )
+    .await
+    else {
         return;
-    }
+    };
     env.namespace(NS, true).await;
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "info")])
         .await;
