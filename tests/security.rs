@@ -490,7 +490,8 @@ async fn logs_events_and_metrics_never_carry_secret_values() {
     assert_reveals_none("the metrics", metrics.as_bytes(), &values);
 }
 
-/// The workload as stored, without its stamp and the fields the API server keeps.
+/// The workload as stored, without its stamp and the fields the API server and, on a real
+/// cluster, the Deployment controller keep (its status and revision).
 fn without_stamp(mut object: Value) -> Value {
     if let Some(annotations) = object
         .pointer_mut("/spec/template/metadata/annotations")
@@ -498,9 +499,16 @@ fn without_stamp(mut object: Value) -> Value {
     {
         annotations.remove(STAMP);
     }
+    object.as_object_mut().unwrap().remove("status");
     let metadata = object["metadata"].as_object_mut().unwrap();
     for field in ["resourceVersion", "generation", "managedFields"] {
         metadata.remove(field);
+    }
+    if let Some(annotations) = metadata
+        .get_mut("annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove("deployment.kubernetes.io/revision");
     }
     object
 }
