@@ -281,8 +281,10 @@ impl Env {
         }
     }
 
+    /// Whether this is the in-memory API server with confighash in-process, not a real cluster
+    /// (true even once a caller has taken the server out of `api`, as the fault run does).
     pub fn is_stand_in(&self) -> bool {
-        self.api.is_some()
+        self.run.is_none()
     }
 
     /// The namespace a scenario calls `name`: on a real cluster `name` with this Env's suffix
@@ -310,6 +312,15 @@ impl Env {
         self.is_stand_in() || kind != "CronJob"
     }
 
+    /// Fails a scenario that uses `what`, which only the stand-in has, on a real cluster (it
+    /// should have started with [`Env::stand_in`]), rather than letting it check nothing.
+    fn in_process(&self, what: &str) {
+        assert!(
+            self.is_stand_in(),
+            "{what} needs the in-memory API server: start the scenario with Env::stand_in"
+        );
+    }
+
     /// The stand-in, for fault injection (scenarios that need it start with [`Env::stand_in`]).
     pub fn api(&self) -> &ApiServer {
         self.api
@@ -320,6 +331,7 @@ impl Env {
     /// Starts the webhook again as the app started it, on the same port, as a restarted pod
     /// behind its Service.
     async fn start_webhook(&mut self) {
+        self.in_process("starting the webhook");
         let (config, namespace) = self.app.as_ref().expect("confighash runs in-process");
         let webhook = Arc::new(App::webhook(
             config,
@@ -349,6 +361,7 @@ impl Env {
 
     /// Stops the webhook (the API server then follows the failure policy).
     pub async fn stop_webhook(&mut self) {
+        self.in_process("stopping the webhook");
         if let Some(w) = self.webhook.take() {
             w.shutdown().await;
         }
@@ -361,6 +374,7 @@ impl Env {
 
     /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does.
     pub async fn register_webhook(&self, failure_policy: &str) {
+        self.in_process("registering the in-process webhook");
         let ca = &self.certs.as_ref().unwrap().ca_pem;
         let configuration: MutatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": "confighash"},
@@ -408,6 +422,7 @@ impl Env {
     }
 
     pub fn start_watcher_with(&mut self, leadership: Leadership) {
+        self.in_process("starting the watcher");
         self.stop_watcher();
         // Each watcher gets its own metrics, so `wait_synced` never reads an old watcher's.
         self.metrics = Arc::new(Metrics::new());
@@ -421,6 +436,7 @@ impl Env {
     }
 
     pub fn stop_watcher(&mut self) {
+        self.in_process("stopping the watcher");
         if let Some(w) = self.watcher.take() {
             w.abort();
         }
@@ -506,6 +522,7 @@ impl Env {
     /// Every touch the in-process watcher has made, whatever its outcome: confighash's own
     /// writes to workloads (stand-in only: on a real cluster nothing here counts them).
     pub fn touches(&self) -> u64 {
+        self.in_process("counting confighash's touches");
         ["touched", "kept-by-webhook", "gone", "error"]
             .into_iter()
             .map(|outcome| self.metrics.touches(outcome))
@@ -514,6 +531,7 @@ impl Env {
 
     /// The touches by outcome, for messages.
     pub fn touch_outcomes(&self) -> String {
+        self.in_process("counting confighash's touches");
         ["touched", "kept-by-webhook", "gone", "error"]
             .into_iter()
             .map(|outcome| format!("{outcome} {}", self.metrics.touches(outcome)))
@@ -525,7 +543,12 @@ impl Env {
     pub async fn mark(&self, namespace: &str) -> Mark {
         Mark {
             namespace: namespace.to_owned(),
-            touches: self.touches(),
+            // Not observable on a real cluster (see `assert_quiet_since`).
+            touches: if self.is_stand_in() {
+                self.touches()
+            } else {
+                0
+            },
             barrier_rollouts: self.rollouts(namespace, "Deployment", "barrier").await,
         }
     }
