@@ -47,7 +47,7 @@ async fn a_label_only_change_rolls_nothing() {
         .await;
     env.barrier("shop").await;
     let mark = env.mark("shop").await;
-    Api::<ConfigMap>::namespaced(env.client.clone(), "shop")
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.ns("shop"))
         .patch(
             "app-env",
             &PatchParams::default(),
@@ -65,11 +65,14 @@ async fn a_label_only_change_rolls_nothing() {
 async fn a_workload_over_max_references_is_never_touched_and_says_why() {
     use k8s_openapi::api::events::v1::Event;
     use kube::api::{DynamicObject, ListParams, PostParams};
-    let env = Env::start().await;
-    if !env.is_stand_in() {
-        eprintln!("skipped: counts the stand-in's requests");
+    let Some(env) = Env::stand_in(
+        "a_workload_over_max_references_is_never_touched_and_says_why",
+        "counts its requests; --max-references as set here",
+    )
+    .await
+    else {
         return;
-    }
+    };
     env.namespace("shop", true).await;
     env.config_map("shop", "app-env", &[("LOG_LEVEL", "info")])
         .await;
@@ -79,7 +82,7 @@ async fn a_workload_over_max_references_is_never_touched_and_says_why() {
     obj["metadata"]["annotations"] = json!({"confighash.dev/extra-configmaps": extra.join(",")});
     let api: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
-        "shop",
+        &env.ns("shop"),
         &support::api_resource("Deployment"),
     );
     api.create(
@@ -95,7 +98,7 @@ async fn a_workload_over_max_references_is_never_touched_and_says_why() {
     );
     assert_eq!(env.stamp("shop", "Deployment", "web").await, None);
     env.eventually("the Warning Event", || async {
-        Api::<Event>::namespaced(env.client.clone(), "shop")
+        Api::<Event>::namespaced(env.client.clone(), &env.ns("shop"))
             .list(&ListParams::default())
             .await
             .unwrap()
@@ -142,19 +145,22 @@ async fn a_workload_created_past_the_webhook_is_counted_as_bypassed_once() {
     use kube::api::{DeleteParams, DynamicObject};
     use support::Setup;
 
-    let mut env = Env::start_with(Setup {
-        watcher: WatcherConfig {
-            // Everything here is created after the watcher started.
-            bypass_grace: Some(Duration::ZERO),
-            ..Setup::default().watcher
+    let Some(mut env) = Env::stand_in_with(
+        "a_workload_created_past_the_webhook_is_counted_as_bypassed_once",
+        "stops the webhook, reads the watcher's metrics",
+        Setup {
+            watcher: WatcherConfig {
+                // Everything here is created after the watcher started.
+                bypass_grace: Some(Duration::ZERO),
+                ..Setup::default().watcher
+            },
+            ..Default::default()
         },
-        ..Default::default()
-    })
-    .await;
-    if !env.is_stand_in() {
-        eprintln!("skipped: reads the in-process watcher's metrics");
+    )
+    .await
+    else {
         return;
-    }
+    };
     env.namespace("shop", true).await;
     env.namespace("other", false).await;
     env.config_map("shop", "app-env", &[("LOG_LEVEL", "info")])
@@ -187,7 +193,7 @@ async fn a_workload_created_past_the_webhook_is_counted_as_bypassed_once() {
     env.restart_webhook().await;
     let deployments: Api<DynamicObject> = Api::namespaced_with(
         env.client.clone(),
-        "shop",
+        &env.ns("shop"),
         &support::api_resource("Deployment"),
     );
     for team in ["a", "b"] {

@@ -1,6 +1,8 @@
 //! End to end: confighash's lifecycle and failure modes. Restarts, lookup failures, a webhook
 //! that is down, a replaced key, a killed leader, dropped watches, Events and rate limits; each
-//! scenario checks rollout counts from the stand-in's accounting.
+//! scenario checks rollout counts. All but the Events of a change need the in-memory API server
+//! and confighash in-process (they inject faults, restart parts, swap the key or read metrics),
+//! so on a real cluster they are skipped.
 
 #[path = "e2e/support.rs"]
 mod support;
@@ -64,7 +66,7 @@ async fn on_delete_stateful_set(env: &Env, name: &str, refs: &[(&str, &str)]) {
     let mut obj = support::workload_object("StatefulSet", name, refs, json!({}));
     obj["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
     let sts: StatefulSet = serde_json::from_value(obj).unwrap();
-    Api::<StatefulSet>::namespaced(env.client.clone(), NS)
+    Api::<StatefulSet>::namespaced(env.client.clone(), &env.ns(NS))
         .create(&PostParams::default(), &sts)
         .await
         .unwrap();
@@ -72,7 +74,7 @@ async fn on_delete_stateful_set(env: &Env, name: &str, refs: &[(&str, &str)]) {
 
 /// The ConfigChanged Events recorded for the workload `name`.
 async fn config_changed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), NS)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -87,7 +89,14 @@ async fn config_changed_events(env: &Env, name: &str) -> Vec<Event> {
 
 #[tokio::test]
 async fn a_restart_with_nothing_changed_rolls_nothing() {
-    let mut env = Env::start().await;
+    let Some(mut env) = Env::stand_in(
+        "a_restart_with_nothing_changed_rolls_nothing",
+        "restarts the watcher and the webhook",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
 
     env.stop_watcher();
@@ -106,7 +115,14 @@ async fn a_restart_with_nothing_changed_rolls_nothing() {
 
 #[tokio::test]
 async fn a_change_made_while_the_watcher_was_down_rolls_once_at_start() {
-    let mut env = Env::start().await;
+    let Some(mut env) = Env::stand_in(
+        "a_change_made_while_the_watcher_was_down_rolls_once_at_start",
+        "stops and starts the watcher",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
     let before = env.stamp(NS, "Deployment", "web").await;
 
@@ -122,7 +138,14 @@ async fn a_change_made_while_the_watcher_was_down_rolls_once_at_start() {
 
 #[tokio::test]
 async fn a_lookup_failure_at_create_is_marked_and_reconcile_resolves_it() {
-    let mut env = Env::start().await;
+    let Some(mut env) = Env::stand_in(
+        "a_lookup_failure_at_create_is_marked_and_reconcile_resolves_it",
+        "fails the webhook's lookup, restarts the watcher",
+    )
+    .await
+    else {
+        return;
+    };
     env.namespace(NS, true).await;
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "info")])
         .await;
@@ -157,7 +180,14 @@ async fn a_lookup_failure_at_create_is_marked_and_reconcile_resolves_it() {
 
 #[tokio::test]
 async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
-    let mut env = Env::start().await;
+    let Some(mut env) = Env::stand_in(
+        "a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp",
+        "stops the webhook",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
     let before = env.stamp(NS, "Deployment", "web").await;
 
@@ -182,7 +212,14 @@ async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
 
 #[tokio::test]
 async fn a_replaced_key_rolls_nothing_until_a_config_change() {
-    let mut env = Env::start().await;
+    let Some(mut env) = Env::stand_in(
+        "a_replaced_key_rolls_nothing_until_a_config_change",
+        "swaps the key, restarts the watcher",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
     let old = env.stamp(NS, "Deployment", "web").await.unwrap();
 
@@ -197,7 +234,7 @@ async fn a_replaced_key_rolls_nothing_until_a_config_change() {
     env.barrier(NS).await;
     env.barrier(NS).await;
     // An UPDATE that leaves the template unchanged keeps it too.
-    Api::<Deployment>::namespaced(env.client.clone(), NS)
+    Api::<Deployment>::namespaced(env.client.clone(), &env.ns(NS))
         .patch(
             "web",
             &PatchParams::default(),
@@ -227,11 +264,18 @@ async fn a_replaced_key_rolls_nothing_until_a_config_change() {
 
 #[tokio::test]
 async fn a_killed_leader_is_replaced_and_a_change_rolls_once() {
-    let mut env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
+    let Some(mut env) = Env::stand_in_with(
+        "a_killed_leader_is_replaced_and_a_change_rolls_once",
+        "runs two replicas in-process and stops the leader",
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     Api::<Namespace>::all(env.client.clone())
         .create(
             &PostParams::default(),
@@ -297,7 +341,14 @@ async fn a_killed_leader_is_replaced_and_a_change_rolls_once() {
 
 #[tokio::test]
 async fn a_dropped_watch_and_410_during_a_change_still_roll_once() {
-    let env = Env::start().await;
+    let Some(env) = Env::stand_in(
+        "a_dropped_watch_and_410_during_a_change_still_roll_once",
+        "closes watches, compacts history",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
 
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
@@ -314,11 +365,14 @@ async fn a_dropped_watch_and_410_during_a_change_still_roll_once() {
 /// change. It rolls once, with one touch.
 #[tokio::test]
 async fn a_change_made_while_the_watches_are_down_is_carried_by_the_relist() {
-    let env = Env::start().await;
-    if !env.is_stand_in() {
-        eprintln!("skipped: needs the in-memory API server (closes watches, compacts history)");
+    let Some(env) = Env::stand_in(
+        "a_change_made_while_the_watches_are_down_is_carried_by_the_relist",
+        "refuses and closes watches, compacts history, reads metrics",
+    )
+    .await
+    else {
         return;
-    }
+    };
     shop(&env).await;
     let touched = env.metrics.touches("touched");
 
@@ -349,7 +403,14 @@ async fn a_change_made_while_the_watches_are_down_is_carried_by_the_relist() {
 
 #[tokio::test]
 async fn a_stamp_kept_by_the_webhook_is_retried_until_it_lands() {
-    let env = Env::start().await;
+    let Some(env) = Env::stand_in(
+        "a_stamp_kept_by_the_webhook_is_retried_until_it_lands",
+        "fails the webhook's lookups, reads metrics",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
     let before = env.stamp(NS, "Deployment", "web").await;
 
@@ -418,14 +479,21 @@ async fn a_change_records_an_event_naming_the_config_map() {
 
 #[tokio::test]
 async fn a_change_shared_by_many_workloads_is_rate_limited_and_rolls_each_once() {
-    let env = Env::start_with(Setup {
-        watcher: WatcherConfig {
-            max_touches_per_second: 2.0,
-            ..Setup::default().watcher
+    let Some(env) = Env::stand_in_with(
+        "a_change_shared_by_many_workloads_is_rate_limited_and_rolls_each_once",
+        "sets --max-touches-per-second, reads metrics",
+        Setup {
+            watcher: WatcherConfig {
+                max_touches_per_second: 2.0,
+                ..Setup::default().watcher
+            },
+            ..Default::default()
         },
-        ..Default::default()
-    })
-    .await;
+    )
+    .await
+    else {
+        return;
+    };
     env.namespace(NS, true).await;
     env.config_map(NS, "shared", &[("LOG_LEVEL", "info")]).await;
     let names: Vec<String> = (0..30).map(|i| format!("web-{i}")).collect();
@@ -470,7 +538,14 @@ async fn rollouts_within(env: &Env, name: &str, n: u64, within: Duration) -> u64
 // foreign stamps: the retry is dropped and the change never lands.
 #[tokio::test]
 async fn a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry() {
-    let env = Env::start().await;
+    let Some(env) = Env::stand_in(
+        "a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry",
+        "swaps the key, fails a lookup, reads metrics",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
     let new_key = StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap();
     let new_id = new_key.id().to_owned();
@@ -495,7 +570,14 @@ async fn a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry() {
 // the retry's `Pending` starts empty (its change set, and its attempt count, are dropped).
 #[tokio::test]
 async fn the_event_of_a_retried_touch_names_the_config_map() {
-    let env = Env::start().await;
+    let Some(env) = Env::stand_in(
+        "the_event_of_a_retried_touch_names_the_config_map",
+        "fails the webhook's lookups, reads metrics",
+    )
+    .await
+    else {
+        return;
+    };
     shop(&env).await;
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
         .await;
@@ -514,7 +596,7 @@ async fn the_event_of_a_retried_touch_names_the_config_map() {
 
 /// The TouchFailed Events recorded for the workload `name`.
 async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), NS)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -533,11 +615,14 @@ async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
 /// again the change lands and rolls once.
 #[tokio::test]
 async fn a_touch_that_keeps_failing_records_one_touch_failed_event_and_lands_later() {
-    let env = Env::start().await;
-    if !env.is_stand_in() {
-        eprintln!("skipped: changes the stand-in's RBAC");
+    let Some(env) = Env::stand_in(
+        "a_touch_that_keeps_failing_records_one_touch_failed_event_and_lands_later",
+        "changes the RBAC, reads metrics",
+    )
+    .await
+    else {
         return;
-    }
+    };
     shop(&env).await;
     let rbac = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

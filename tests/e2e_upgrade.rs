@@ -8,6 +8,9 @@
 //! their namespace is not opted in (the webhook's namespaceSelector skips them, as it would skip
 //! them with no confighash installed), with stamps computed by `compute_stamp_v1` over the
 //! objects as the API server stores them. The namespace is opted in before the watcher starts.
+//!
+//! Both scenarios start the watcher (and its replicas) in-process and count the stand-in's
+//! requests, so on a real cluster they are skipped.
 
 #[path = "common/build.rs"]
 mod build;
@@ -76,8 +79,8 @@ fn kind_of(kind: &str) -> WorkloadKind {
 async fn stamps_now(env: &Env, object: &Value) -> (Stamp, Stamp) {
     let key = StampKey::new(support::KEY.to_vec()).unwrap();
     (
-        build::expected_stamp(&env.client, &key, Recipe::V1, NS, object).await,
-        build::expected_stamp(&env.client, &key, Recipe::V2, NS, object).await,
+        build::expected_stamp(&env.client, &key, Recipe::V1, &env.ns(NS), object).await,
+        build::expected_stamp(&env.client, &key, Recipe::V2, &env.ns(NS), object).await,
     )
 }
 
@@ -99,8 +102,11 @@ async fn seed_v1_stamped(env: &Env) -> BTreeMap<&'static str, String> {
         assert_ne!(v1.as_str(), v2.as_str());
         let path = format!("/{}/metadata", kind_of(kind).template_path().join("/"));
         object.pointer_mut(&path).unwrap()["annotations"] = json!({support::STAMP: v1.as_str()});
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(env.client.clone(), NS, &support::api_resource(kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            env.client.clone(),
+            &env.ns(NS),
+            &support::api_resource(kind),
+        );
         api.create(
             &PostParams::default(),
             &serde_json::from_value(object).unwrap(),
@@ -121,7 +127,7 @@ async fn seed_v1_stamped(env: &Env) -> BTreeMap<&'static str, String> {
 async fn opt_in(env: &Env) {
     Api::<Namespace>::all(env.client.clone())
         .patch(
-            NS,
+            &env.ns(NS),
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {"confighash.dev/enabled": "true"}}})),
         )
@@ -146,9 +152,9 @@ fn workload_writes(env: &Env) -> usize {
 /// change has rolled the DaemonSet, everything written before has been handled too.
 async fn barrier(env: &Env) {
     const SENTINEL: &str = "sentinel";
-    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), SENTINEL);
+    let cms: Api<ConfigMap> = Api::namespaced(env.client.clone(), &env.ns(SENTINEL));
     if Api::<Namespace>::all(env.client.clone())
-        .get_opt(SENTINEL)
+        .get_opt(&env.ns(SENTINEL))
         .await
         .unwrap()
         .is_none()
@@ -177,11 +183,18 @@ async fn barrier(env: &Env) {
 
 #[tokio::test]
 async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
-    let mut env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
+    let Some(mut env) = Env::stand_in_with(
+        "upgrading_over_right_v1_stamps_rolls_and_patches_nothing",
+        "starts the watcher late, counts requests",
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let v1 = seed_v1_stamped(&env).await;
 
     // A control beside them: a v1 stamp of the current key over content that has changed since
@@ -193,7 +206,7 @@ async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
     control["spec"]["template"]["metadata"]["annotations"] = json!({support::STAMP: stale});
     Api::<DynamicObject>::namespaced_with(
         env.client.clone(),
-        NS,
+        &env.ns(NS),
         &support::api_resource("DaemonSet"),
     )
     .create(
@@ -235,11 +248,18 @@ async fn upgrading_over_right_v1_stamps_rolls_and_patches_nothing() {
 
 #[tokio::test]
 async fn a_config_change_during_a_leader_handover_rolls_each_dependent_once() {
-    let mut env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
+    let Some(mut env) = Env::stand_in_with(
+        "a_config_change_during_a_leader_handover_rolls_each_dependent_once",
+        "runs two replicas in-process and stops the leader, counts requests",
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
     let v1 = seed_v1_stamped(&env).await;
     opt_in(&env).await;
     Api::<Namespace>::all(env.client.clone())

@@ -44,7 +44,7 @@ fn most_touches_within(elapsed: Duration, retry_base: Duration) -> usize {
 
 /// `TouchFailed` Events on a workload of the namespace.
 async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), NS)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -61,10 +61,15 @@ async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
 async fn touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rolls_once() {
     let setup = Setup::default();
     let retry_base = setup.watcher.retry_base;
-    let env = Env::start_with(setup).await;
-    if !env.is_stand_in() {
+    let Some(env) = Env::stand_in_with(
+        "touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rolls_once",
+        "fails the webhook's lookups, counts requests, reads the watcher's metrics",
+        setup,
+    )
+    .await
+    else {
         return;
-    }
+    };
     env.namespace(NS, true).await;
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "info")])
         .await;
@@ -81,7 +86,7 @@ async fn touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rol
         .fail_fraction(Some("get"), Some("configmaps"), 1.0, 500);
     let changed = tokio::time::Instant::now();
     // Written without reading it first.
-    Api::<ConfigMap>::namespaced(env.client.clone(), NS)
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.ns(NS))
         .patch(
             "app-env",
             &PatchParams::default(),

@@ -3,8 +3,17 @@
 //! watcher running, or a real cluster when `CONFIGHASH_E2E_KUBECONFIG` is set (with confighash
 //! installed there).
 //!
-//! Scenarios take an [`Env`] and use only its `kube::Client` and rollout counts, so they run the
-//! same against both.
+//! Scenarios that start with [`Env::start`] use only its `kube::Client`, the namespaces it maps
+//! ([`Env::ns`]) and rollout counts, so they run the same against both. Scenarios that need
+//! anything of the in-memory server or of confighash in-process (faults, RBAC changes, stopping
+//! or restarting the webhook or the watcher, the key store, metrics, their own [`Setup`]) start
+//! with [`Env::stand_in`] or [`Env::stand_in_with`], which skip them on a real cluster.
+//!
+//! On a real cluster every namespace a scenario names gets a suffix of its own, `-` and six hex
+//! digits, and the label [`RUN_LABEL`] with that suffix: scenarios running at once, or a run
+//! after one that failed, never share a namespace. The namespaces are deleted when the `Env` is
+//! dropped, unless the test failed (kept for a look; `kubectl delete namespace -l
+//! confighash-e2e-run` removes whatever is left).
 
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
@@ -22,9 +31,10 @@ use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
 use confighash::webhook::server::Running;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 pub const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -32,6 +42,11 @@ pub const STAMP: &str = "confighash.dev/checksum";
 /// The change window the scenarios run with (the default is 5 s; ratios are what matter).
 pub const WINDOW: Duration = Duration::from_millis(400);
 pub const DEADLINE: Duration = Duration::from_secs(20);
+/// On a real cluster, the label of every namespace a test creates; its value is the suffix of
+/// their names ([`Env::ns`]).
+pub const RUN_LABEL: &str = "confighash-e2e-run";
+/// What points the scenarios at a real cluster.
+const KUBECONFIG: &str = "CONFIGHASH_E2E_KUBECONFIG";
 
 /// Where scenarios run.
 pub struct Env {
@@ -43,8 +58,10 @@ pub struct Env {
     /// The in-memory API server (None against a real cluster).
     pub api: Option<ApiServer>,
     /// The running watcher's metrics: at start the app's, which the webhook shares; a watcher
-    /// started again gets its own.
+    /// started again gets its own. On a real cluster an unused placeholder: confighash runs
+    /// there, not here (scenarios that read it start with [`Env::stand_in`]).
     pub metrics: Arc<Metrics>,
+    /// The in-process confighash's keys (on a real cluster an unused placeholder).
     pub keys: Arc<KeyStore>,
     webhook: Option<Running>,
     watcher: Option<tokio::task::JoinHandle<()>>,
@@ -54,18 +71,26 @@ pub struct Env {
     background: Vec<tokio::task::JoinHandle<()>>,
     certs: Option<TestCerts>,
     webhook_url: String,
+    /// The in-process watcher's settings (on a real cluster an unused placeholder).
     pub config: WatcherConfig,
+    /// Whether Argo Rollouts are served (in the stand-in, as [`Setup`] says).
+    rollouts_served: bool,
+    /// On a real cluster: this Env's suffix of namespace names ([`Env::ns`]), and the cluster
+    /// to delete its namespaces from when it is dropped.
+    run: Option<(String, kube::Config)>,
     _dir: Option<tempfile::TempDir>,
 }
 
 /// What [`Env::mark`] saw.
 pub struct Mark {
+    /// As the scenario names it (not mapped).
     namespace: String,
     touches: u64,
     barrier_rollouts: u64,
 }
 
-/// Options for the stand-in environment.
+/// Options for the stand-in environment (a real cluster runs confighash as installed there, so
+/// scenarios that need other options start with [`Env::stand_in_with`]).
 #[derive(Clone)]
 pub struct Setup {
     pub rollouts_served: bool,
@@ -98,8 +123,10 @@ impl Env {
         Self::start_with(Setup::default()).await
     }
 
+    /// As [`Env::start`]; `setup` applies to the stand-in only (a real cluster runs confighash as
+    /// installed there), so scenarios that need it start with [`Env::stand_in_with`].
     pub async fn start_with(setup: Setup) -> Env {
-        if let Some(path) = std::env::var_os("CONFIGHASH_E2E_KUBECONFIG") {
+        if let Some(path) = std::env::var_os(KUBECONFIG) {
             return Self::real_cluster(path).await;
         }
         let api = ApiServer::start_with(apiserver::Options {
@@ -188,6 +215,8 @@ impl Env {
             certs: Some(certs),
             webhook_url: format!("https://127.0.0.1:{}/mutate", serving.webhook_addr().port()),
             config: App::watcher_config(serving.config(), serving.namespace()),
+            rollouts_served: setup.rollouts_served,
+            run: None,
             _dir: Some(dir),
         };
         env.register_webhook("Ignore").await;
@@ -201,6 +230,21 @@ impl Env {
         env
     }
 
+    /// The in-memory API server with confighash in-process, for a scenario that needs it (`why`
+    /// says what for); on a real cluster the scenario is skipped: None, and it says so.
+    pub async fn stand_in(test: &str, why: &str) -> Option<Env> {
+        Self::stand_in_with(test, why, Setup::default()).await
+    }
+
+    /// As [`Env::stand_in`], set up as `setup` says.
+    pub async fn stand_in_with(test: &str, why: &str, setup: Setup) -> Option<Env> {
+        if std::env::var_os(KUBECONFIG).is_some() {
+            eprintln!("skipped: {test} needs the in-memory API server ({why})");
+            return None;
+        }
+        Some(Self::start_with(setup).await)
+    }
+
     async fn real_cluster(path: std::ffi::OsString) -> Env {
         let kubeconfig = kube::config::Kubeconfig::read_from(&path)
             .expect("CONFIGHASH_E2E_KUBECONFIG is readable");
@@ -208,8 +252,18 @@ impl Env {
             .await
             .expect("a usable kubeconfig");
         let client = kube::Client::try_from(config.clone()).expect("a client");
+        let rollouts_served = client
+            .list_api_group_resources("argoproj.io/v1alpha1")
+            .await
+            .is_ok_and(|list| list.resources.iter().any(|r| r.name == "rollouts"));
+        let suffix = format!("{:06x}", rand::random::<u32>() & 0xff_ffff);
+        eprintln!(
+            "real cluster: this test's namespaces end in -{suffix} and carry the label \
+             {RUN_LABEL}={suffix}; they are deleted if it passes \
+             (`kubectl delete namespace -l {RUN_LABEL}` removes any left)"
+        );
         Env {
-            confighash: confighash::cluster::client::build(config).expect("a client"),
+            confighash: confighash::cluster::client::build(config.clone()).expect("a client"),
             client,
             api: None,
             metrics: Arc::new(Metrics::new()),
@@ -221,24 +275,63 @@ impl Env {
             certs: None,
             webhook_url: String::new(),
             config: WatcherConfig::default(),
+            rollouts_served,
+            run: Some((suffix, config)),
             _dir: None,
         }
     }
 
+    /// Whether this is the in-memory API server with confighash in-process, not a real cluster
+    /// (true even once a caller has taken the server out of `api`, as the fault run does).
     pub fn is_stand_in(&self) -> bool {
-        self.api.is_some()
+        self.run.is_none()
     }
 
-    /// The stand-in, for fault injection (scenarios that need it skip on a real cluster).
+    /// The namespace a scenario calls `name`: on a real cluster `name` with this Env's suffix
+    /// (a name that already carries it is returned as it is), in the stand-in `name` itself.
+    /// Every method of `Env` that takes a namespace maps it; a scenario that builds an `Api` of
+    /// its own maps the name with this.
+    pub fn ns(&self, name: &str) -> String {
+        match &self.run {
+            Some((suffix, _)) if !name.ends_with(&format!("-{suffix}")) => {
+                format!("{name}-{suffix}")
+            }
+            _ => name.to_owned(),
+        }
+    }
+
+    /// Whether the workloads of `kind` are served (Argo Rollouts may not be installed).
+    pub fn serves(&self, kind: &str) -> bool {
+        kind != "Rollout" || self.rollouts_served
+    }
+
+    /// Whether [`Env::rollouts`] can count the rollouts of `kind` here: a CronJob keeps no
+    /// revision in Kubernetes, so on a real cluster its rollouts cannot be counted (its job
+    /// template's stamp still shows a change).
+    pub fn counts_rollouts(&self, kind: &str) -> bool {
+        self.is_stand_in() || kind != "CronJob"
+    }
+
+    /// Fails a scenario that uses `what`, which only the stand-in has, on a real cluster (it
+    /// should have started with [`Env::stand_in`]), rather than letting it check nothing.
+    fn in_process(&self, what: &str) {
+        assert!(
+            self.is_stand_in(),
+            "{what} needs the in-memory API server: start the scenario with Env::stand_in"
+        );
+    }
+
+    /// The stand-in, for fault injection (scenarios that need it start with [`Env::stand_in`]).
     pub fn api(&self) -> &ApiServer {
         self.api
             .as_ref()
-            .expect("this scenario needs the in-memory API server")
+            .expect("this scenario needs the in-memory API server: start it with Env::stand_in")
     }
 
     /// Starts the webhook again as the app started it, on the same port, as a restarted pod
     /// behind its Service.
     async fn start_webhook(&mut self) {
+        self.in_process("starting the webhook");
         let (config, namespace) = self.app.as_ref().expect("confighash runs in-process");
         let webhook = Arc::new(App::webhook(
             config,
@@ -268,6 +361,7 @@ impl Env {
 
     /// Stops the webhook (the API server then follows the failure policy).
     pub async fn stop_webhook(&mut self) {
+        self.in_process("stopping the webhook");
         if let Some(w) = self.webhook.take() {
             w.shutdown().await;
         }
@@ -280,6 +374,7 @@ impl Env {
 
     /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does.
     pub async fn register_webhook(&self, failure_policy: &str) {
+        self.in_process("registering the in-process webhook");
         let ca = &self.certs.as_ref().unwrap().ca_pem;
         let configuration: MutatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": "confighash"},
@@ -327,6 +422,7 @@ impl Env {
     }
 
     pub fn start_watcher_with(&mut self, leadership: Leadership) {
+        self.in_process("starting the watcher");
         self.stop_watcher();
         // Each watcher gets its own metrics, so `wait_synced` never reads an old watcher's.
         self.metrics = Arc::new(Metrics::new());
@@ -340,38 +436,93 @@ impl Env {
     }
 
     pub fn stop_watcher(&mut self) {
+        self.in_process("stopping the watcher");
         if let Some(w) = self.watcher.take() {
             w.abort();
         }
     }
 
-    /// Pod-template transitions of a workload so far.
+    /// Pod-template transitions of a workload so far (0 for one that does not exist).
+    ///
+    /// The stand-in counts them as it stores the objects. A real cluster keeps a revision per
+    /// template, first 1, raised at each transition (a return to an earlier template too):
+    /// for a Deployment its `deployment.kubernetes.io/revision` annotation (it outlives the
+    /// ReplicaSets `revisionHistoryLimit` prunes), for a StatefulSet or a DaemonSet the highest
+    /// `.revision` of the ControllerRevisions it owns, for an Argo Rollout its
+    /// `rollout.argoproj.io/revision` annotation. A CronJob keeps none: on a real cluster this
+    /// panics for it, so scenarios check [`Env::counts_rollouts`] first.
     pub async fn rollouts(&self, namespace: &str, kind: &str, name: &str) -> u64 {
-        match &self.api {
-            Some(api) => api.rollouts(namespace, kind, name),
-            None => {
-                // A real cluster: a Deployment's revision counts its templates.
-                let d: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
-                let rev = d
-                    .get(name)
-                    .await
-                    .ok()
-                    .and_then(|d| {
-                        d.metadata
-                            .annotations?
-                            .get("deployment.kubernetes.io/revision")?
-                            .parse::<u64>()
-                            .ok()
-                    })
-                    .unwrap_or(1);
-                rev.saturating_sub(1)
-            }
+        if let Some(api) = &self.api {
+            return api.rollouts(namespace, kind, name);
         }
+        let revision = match kind {
+            "Deployment" => {
+                self.revision_annotation(namespace, kind, name, "deployment.kubernetes.io/revision")
+                    .await
+            }
+            "Rollout" => {
+                self.revision_annotation(namespace, kind, name, "rollout.argoproj.io/revision")
+                    .await
+            }
+            "StatefulSet" | "DaemonSet" => self.controller_revision(namespace, kind, name).await,
+            "CronJob" => panic!(
+                "CronJob {}/{name}: a CronJob keeps no revision in Kubernetes, so its rollouts \
+                 cannot be counted on a real cluster (check Env::counts_rollouts first)",
+                self.ns(namespace)
+            ),
+            other => panic!("no workload kind {other}"),
+        };
+        revision.saturating_sub(1)
     }
 
-    /// Every touch the running watcher has made, whatever its outcome: confighash's own writes
-    /// to workloads.
+    /// The revision a workload's annotation `annotation` holds (0 while it has none).
+    async fn revision_annotation(
+        &self,
+        namespace: &str,
+        kind: &str,
+        name: &str,
+        annotation: &str,
+    ) -> u64 {
+        let Some(object) = self.get_workload(namespace, kind, name).await else {
+            return 0;
+        };
+        let Some(value) = object
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(annotation))
+            .and_then(Value::as_str)
+        else {
+            return 0;
+        };
+        value.parse().unwrap_or_else(|_| {
+            panic!(
+                "{kind} {}/{name}: {annotation} is {value:?}, not a number",
+                self.ns(namespace)
+            )
+        })
+    }
+
+    /// The highest revision of the ControllerRevisions the workload owns (0 while it has none).
+    async fn controller_revision(&self, namespace: &str, kind: &str, name: &str) -> u64 {
+        let Some(object) = self.get_workload(namespace, kind, name).await else {
+            return 0;
+        };
+        let uid = object["metadata"]["uid"].as_str().unwrap_or_default();
+        Api::<ControllerRevision>::namespaced(self.client.clone(), &self.ns(namespace))
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|r| r.owner_references().iter().any(|o| o.uid == uid))
+            .map(|r| u64::try_from(r.revision).unwrap_or(0))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Every touch the in-process watcher has made, whatever its outcome: confighash's own
+    /// writes to workloads (stand-in only: on a real cluster nothing here counts them).
     pub fn touches(&self) -> u64 {
+        self.in_process("counting confighash's touches");
         ["touched", "kept-by-webhook", "gone", "error"]
             .into_iter()
             .map(|outcome| self.metrics.touches(outcome))
@@ -380,6 +531,7 @@ impl Env {
 
     /// The touches by outcome, for messages.
     pub fn touch_outcomes(&self) -> String {
+        self.in_process("counting confighash's touches");
         ["touched", "kept-by-webhook", "gone", "error"]
             .into_iter()
             .map(|outcome| format!("{outcome} {}", self.metrics.touches(outcome)))
@@ -391,7 +543,12 @@ impl Env {
     pub async fn mark(&self, namespace: &str) -> Mark {
         Mark {
             namespace: namespace.to_owned(),
-            touches: self.touches(),
+            // Not observable on a real cluster (see `assert_quiet_since`).
+            touches: if self.is_stand_in() {
+                self.touches()
+            } else {
+                0
+            },
             barrier_rollouts: self.rollouts(namespace, "Deployment", "barrier").await,
         }
     }
@@ -399,17 +556,23 @@ impl Env {
     /// Asserts that since `mark` confighash wrote to no workload in its namespace but the
     /// barrier's, and recorded no `ConfigChanged` Event on `workload` (a touch the webhook turns
     /// back rolls nothing, so rollout counts alone cannot show it). Call it after a barrier.
+    ///
+    /// confighash's touches are counted by its metrics, which only the in-process confighash
+    /// offers: on a real cluster this checks the Events alone.
     pub async fn assert_quiet_since(&self, mark: &Mark, workload: &str, what: &str) {
-        let barrier = self
-            .rollouts(&mark.namespace, "Deployment", "barrier")
-            .await
-            - mark.barrier_rollouts;
-        assert_eq!(
-            self.touches() - mark.touches,
-            barrier,
-            "{what}: confighash touched workloads besides the barrier's {barrier} touch(es) ({})",
-            self.touch_outcomes()
-        );
+        if self.is_stand_in() {
+            let barrier = self
+                .rollouts(&mark.namespace, "Deployment", "barrier")
+                .await
+                - mark.barrier_rollouts;
+            assert_eq!(
+                self.touches() - mark.touches,
+                barrier,
+                "{what}: confighash touched workloads besides the barrier's {barrier} touch(es) \
+                 ({})",
+                self.touch_outcomes()
+            );
+        }
         assert_eq!(
             self.events(&mark.namespace, workload, "ConfigChanged")
                 .await,
@@ -420,17 +583,20 @@ impl Env {
 
     /// How many Events with `reason` are recorded on the object `name` in `namespace`.
     pub async fn events(&self, namespace: &str, name: &str, reason: &str) -> usize {
-        Api::<k8s_openapi::api::events::v1::Event>::namespaced(self.client.clone(), namespace)
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            })
-            .count()
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+            self.client.clone(),
+            &self.ns(namespace),
+        )
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .count()
     }
 
     /// Polls until the workload has rolled `n` times.
@@ -443,11 +609,13 @@ impl Env {
             }
             assert!(
                 now < n,
-                "{kind} {namespace}/{name} rolled {now} times, more than {n}"
+                "{kind} {}/{name} rolled {now} times, more than {n}",
+                self.ns(namespace)
             );
             assert!(
                 start.elapsed() < DEADLINE,
-                "{kind} {namespace}/{name} rolled {now} times, not {n}"
+                "{kind} {}/{name} rolled {now} times, not {n}",
+                self.ns(namespace)
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -486,6 +654,10 @@ impl Env {
     /// A barrier: changes a sentinel ConfigMap in `namespace` and waits for its sentinel
     /// Deployment to roll. Watch events are handled in order, so everything written before the
     /// barrier has been handled by the watcher once it returns (including deciding not to act).
+    ///
+    /// In the stand-in it then waits for the watcher to settle ([`Env::settled`]). On a real
+    /// cluster that cannot be observed, so there the barrier proves ordering only: a touch the
+    /// watcher scheduled before it and had not sent yet may still land after it.
     pub async fn barrier(&self, namespace: &str) {
         self.roll_barrier(namespace).await;
         self.settled().await;
@@ -494,8 +666,8 @@ impl Env {
     /// Changes the sentinel ConfigMap and waits for the sentinel Deployment to roll.
     async fn roll_barrier(&self, namespace: &str) {
         self.wait_synced().await;
-        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
-        let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), namespace);
+        let cms: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns(namespace));
+        let deploys: Api<Deployment> = Api::namespaced(self.client.clone(), &self.ns(namespace));
         if deploys.get_opt("barrier").await.unwrap().is_none() {
             self.config_map(namespace, "barrier", &[("n", "0")]).await;
             self.deployment(namespace, "barrier", &[("envFrom", "barrier")])
@@ -519,7 +691,13 @@ impl Env {
 
     /// Polls until the watcher has no touch pending or in flight (its own metrics say so), so a
     /// touch due later cannot land after an "exactly once" check.
+    ///
+    /// On a real cluster confighash's metrics are not read, so this returns at once: there a
+    /// [`Env::barrier`] proves ordering only.
     pub async fn settled(&self) {
+        if !self.is_stand_in() {
+            return;
+        }
         self.eventually_with(
             || async { self.metrics.touches_outstanding() == (0, 0) },
             || {
@@ -550,15 +728,19 @@ impl Env {
         .await;
     }
 
-    /// Creates a namespace, opted in or not.
+    /// Creates a namespace, opted in or not (on a real cluster, named and labelled as
+    /// [`Env::ns`] says).
     pub async fn namespace(&self, name: &str, opted_in: bool) {
         let mut labels = BTreeMap::new();
         if opted_in {
             labels.insert("confighash.dev/enabled".to_owned(), "true".to_owned());
         }
+        if let Some((suffix, _)) = &self.run {
+            labels.insert(RUN_LABEL.to_owned(), suffix.clone());
+        }
         let ns = Namespace {
             metadata: kube::api::ObjectMeta {
-                name: Some(name.to_owned()),
+                name: Some(self.ns(name)),
                 labels: Some(labels),
                 ..Default::default()
             },
@@ -572,7 +754,7 @@ impl Env {
 
     /// Creates or replaces a ConfigMap's data.
     pub async fn config_map(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.ns(namespace));
         let data: BTreeMap<String, String> = data
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -600,7 +782,7 @@ impl Env {
 
     /// Creates or replaces a Secret's data (as stringData).
     pub async fn secret(&self, namespace: &str, name: &str, data: &[(&str, &str)]) {
-        let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.ns(namespace));
         let string_data: BTreeMap<String, String> = data
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -626,7 +808,7 @@ impl Env {
     }
 
     pub async fn delete_config_map(&self, namespace: &str, name: &str) {
-        Api::<ConfigMap>::namespaced(self.client.clone(), namespace)
+        Api::<ConfigMap>::namespaced(self.client.clone(), &self.ns(namespace))
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
@@ -649,8 +831,11 @@ impl Env {
         labels: Value,
     ) -> Value {
         let obj = workload_object(kind, name, refs, labels);
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.ns(namespace),
+            &api_resource(kind),
+        );
         let dynamic: DynamicObject = serde_json::from_value(obj).unwrap();
         let created = api.create(&PostParams::default(), &dynamic).await.unwrap();
         serde_json::to_value(created).unwrap()
@@ -671,8 +856,11 @@ impl Env {
     }
 
     pub async fn get_workload(&self, namespace: &str, kind: &str, name: &str) -> Option<Value> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind));
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.ns(namespace),
+            &api_resource(kind),
+        );
         api.get_opt(name)
             .await
             .unwrap()
@@ -688,6 +876,47 @@ impl Drop for Env {
         for task in self.background.drain(..) {
             task.abort();
         }
+        if let Some((suffix, config)) = self.run.take() {
+            if std::thread::panicking() {
+                eprintln!(
+                    "real cluster: kept the namespaces labelled {RUN_LABEL}={suffix} to look at"
+                );
+            } else {
+                delete_namespaces(config, &suffix);
+            }
+        }
+    }
+}
+
+/// Deletes the namespaces labelled [`RUN_LABEL`]`=suffix`, best effort: the dropped `Env`'s
+/// runtime cannot be awaited from `drop`, so this runs on a thread of its own with a client of
+/// its own, for up to 30 s.
+fn delete_namespaces(config: kube::Config, suffix: &str) {
+    let selector = format!("{RUN_LABEL}={suffix}");
+    let (done, outcome) = std::sync::mpsc::channel();
+    let labels = selector.clone();
+    std::thread::spawn(move || {
+        let deleted = async move {
+            let api = Api::<Namespace>::all(kube::Client::try_from(config)?);
+            for namespace in api.list(&ListParams::default().labels(&labels)).await? {
+                api.delete(&namespace.name_any(), &DeleteParams::default())
+                    .await?;
+            }
+            Ok::<_, kube::Error>(())
+        };
+        let result = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime.block_on(deleted).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let _ = done.send(result);
+    });
+    match outcome.recv_timeout(Duration::from_secs(30)) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("real cluster: could not delete the namespaces {selector}: {e}"),
+        Err(_) => eprintln!("real cluster: timed out deleting the namespaces {selector}"),
     }
 }
 
@@ -747,13 +976,15 @@ pub fn workload_object(kind: &str, name: &str, refs: &[(&str, &str)], labels: Va
         }
     });
     let (api_version, spec) = match kind {
+        // Suspended: on a real cluster no Job starts, so any Job there is one confighash made.
         "CronJob" => (
             "batch/v1",
-            json!({"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template}}}),
+            json!({"schedule": "*/5 * * * *", "suspend": true, "jobTemplate": {"spec": {"template": template}}}),
         ),
+        // Argo Rollouts' controller takes no Rollout without a strategy.
         "Rollout" => (
             "argoproj.io/v1alpha1",
-            json!({"selector": {"matchLabels": {"app": name}}, "template": template}),
+            json!({"selector": {"matchLabels": {"app": name}}, "strategy": {"canary": {}}, "template": template}),
         ),
         "StatefulSet" => (
             "apps/v1",
