@@ -34,6 +34,94 @@ pub enum Command {
     /// Write a local CA and a serving certificate for the webhook's Service (for local runs and
     /// clusters without cert-manager).
     Certs(CertsArgs),
+    /// Explain a workload's stamp in the live cluster (or list every workload's verdict): opt-in,
+    /// webhook selection, references, expected stamp, verdict, Events and rollout state.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The workload: KIND/NAME, KIND one of deploy, sts, ds, cj, rollout (or kubectl's long
+    /// names). Without it, every workload of the namespace is listed.
+    #[arg(value_name = "KIND/NAME", value_parser = crate::explain::parse_workload)]
+    pub workload: Option<crate::explain::WorkloadArg>,
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long, value_name = "NS", value_parser = parse_namespace)]
+    pub namespace: Option<String>,
+    /// List every workload of every opted-in namespace.
+    #[arg(short = 'A', long, conflicts_with_all = ["namespace", "workload"])]
+    pub all_namespaces: bool,
+    /// Output format: text, or one JSON document.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: crate::explain::Format,
+    /// The kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then the in-cluster
+    /// config).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The namespace confighash is installed in: where its key Secret is.
+    #[arg(
+        long,
+        env = "CONFIGHASH_INSTALL_NAMESPACE",
+        value_name = "NS",
+        default_value = "confighash",
+        value_parser = parse_namespace
+    )]
+    pub install_namespace: String,
+    /// The key Secret in --install-namespace (data key `key`); reading it needs get access.
+    #[arg(
+        long,
+        env = "CONFIGHASH_KEY_SECRET",
+        value_name = "NAME",
+        default_value = crate::app::DEFAULT_KEY_SECRET,
+        value_parser = parse_object_name
+    )]
+    pub key_secret: String,
+    /// The installation's key from a file instead (its bytes exactly, as `serve --key-file`).
+    #[arg(
+        long,
+        env = "CONFIGHASH_KEY_FILE",
+        value_name = "FILE",
+        conflicts_with = "key_secret"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// The MutatingWebhookConfiguration confighash is installed with (as `serve` names it).
+    #[arg(
+        long,
+        env = "CONFIGHASH_WEBHOOK_CONFIGURATION",
+        value_name = "NAME",
+        default_value = crate::certs::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION,
+        value_parser = parse_object_name
+    )]
+    pub webhook_configuration: String,
+}
+
+impl ExplainArgs {
+    /// What `confighash explain` runs with (the kubeconfig flags are for the client).
+    pub fn to_request(&self) -> crate::explain::Request {
+        use crate::explain::{KeyChoice, Request, Target};
+        let target = match (&self.workload, self.all_namespaces) {
+            (_, true) => Target::AllNamespaces,
+            (Some(w), false) => Target::Workload {
+                kind: w.kind,
+                name: w.name.clone(),
+                namespace: self.namespace.clone(),
+            },
+            (None, false) => Target::Namespace(self.namespace.clone()),
+        };
+        Request {
+            target,
+            format: self.output,
+            install_namespace: self.install_namespace.clone(),
+            key: match &self.key_file {
+                Some(path) => KeyChoice::File(path.clone()),
+                None => KeyChoice::Secret(self.key_secret.clone()),
+            },
+            webhook_configuration: self.webhook_configuration.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
