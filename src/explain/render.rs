@@ -44,8 +44,8 @@ pub fn table(rows: &[Row]) -> String {
         .iter()
         .map(|r| {
             let stamp = match (&r.stamp, &r.marker) {
-                (Some(s), _) => short_stamp(s),
-                (None, Some(m)) => format!("<none> (marker {m})"),
+                (Some(s), _) => shown(&short_stamp(s)),
+                (None, Some(m)) => format!("<none> (marker {})", shown(m)),
                 (None, None) => "<none>".to_owned(),
             };
             [
@@ -94,6 +94,24 @@ fn short_stamp(stamp: &str) -> String {
     }
 }
 
+/// A value read from the cluster, with control characters (line breaks, terminal escapes)
+/// escaped, so that it cannot break or fake a line of the output.
+fn shown(s: &str) -> String {
+    if s.chars().any(char::is_control) {
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect()
+    } else {
+        s.to_owned()
+    }
+}
+
 fn yes_no(b: Option<bool>, yes: &str, no: &str, unknown: &str) -> String {
     match b {
         Some(true) => yes.to_owned(),
@@ -108,19 +126,19 @@ pub fn text(e: &Explanation) -> String {
     let w = &mut out;
     let _ = writeln!(w, "{} {}/{}", e.kind, e.namespace, e.name);
     let _ = writeln!(w, "  verdict: {}", e.verdict.as_str());
-    let _ = writeln!(w, "    {}", e.reason);
+    let _ = writeln!(w, "    {}", shown(&e.reason));
 
     // Selection.
     let ns = &e.namespace_info;
     let opt_in = match (ns.opted_in, &ns.label) {
         (Some(true), _) => format!("opted in ({ENABLED_LABEL}=true)"),
-        (Some(false), Some(v)) => format!("not opted in ({ENABLED_LABEL}={v}, not true)"),
+        (Some(false), Some(v)) => format!("not opted in ({ENABLED_LABEL}={}, not true)", shown(v)),
         (Some(false), None) => format!("not opted in (no label {ENABLED_LABEL})"),
         (None, _) => format!(
             "not known: {}",
             match ns.state {
                 "forbidden" => "reading the Namespace is forbidden".to_owned(),
-                _ => ns.error.clone().unwrap_or_default(),
+                _ => shown(ns.error.as_deref().unwrap_or("")),
             }
         ),
     };
@@ -135,7 +153,7 @@ pub fn text(e: &Explanation) -> String {
         ),
         "absent" => "does not exist".to_owned(),
         "forbidden" => "not known: reading it is forbidden".to_owned(),
-        _ => format!("not known: {}", hook.error.as_deref().unwrap_or("")),
+        _ => format!("not known: {}", shown(hook.error.as_deref().unwrap_or(""))),
     };
     let _ = writeln!(
         w,
@@ -166,7 +184,7 @@ pub fn text(e: &Explanation) -> String {
             ),
         );
         for note in &entry.notes {
-            let _ = writeln!(w, "      note: {note}");
+            let _ = writeln!(w, "      note: {}", shown(note));
         }
     }
     let _ = writeln!(
@@ -181,30 +199,24 @@ pub fn text(e: &Explanation) -> String {
 
     // Stamp.
     let s = &e.stamp;
+    let value = shown(s.value.as_deref().unwrap_or(""));
+    let recipe = shown(s.recipe.as_deref().unwrap_or(""));
+    let key_id = shown(s.key_id.as_deref().unwrap_or(""));
     let what = match (s.class, s.foreign) {
         ("none", _) => "none".to_owned(),
         ("current", _) => format!(
             "{} (current: this installation's key {}, recipe {})",
-            s.value.as_deref().unwrap_or(""),
-            s.key_id.as_deref().unwrap_or(""),
-            s.recipe.as_deref().unwrap_or("")
+            value, key_id, recipe
         ),
         ("unverified", _) => format!(
             "{} (key {}, recipe {}; not checked: the installation's key is not known)",
-            s.value.as_deref().unwrap_or(""),
-            s.key_id.as_deref().unwrap_or(""),
-            s.recipe.as_deref().unwrap_or("")
+            value, key_id, recipe
         ),
         (_, Some("other-key")) => format!(
             "{} (foreign: key {} is not this installation's)",
-            s.value.as_deref().unwrap_or(""),
-            s.key_id.as_deref().unwrap_or("")
+            value, key_id
         ),
-        (_, Some("unknown-recipe")) => format!(
-            "{} (foreign: unknown recipe {})",
-            s.value.as_deref().unwrap_or(""),
-            s.recipe.as_deref().unwrap_or("")
-        ),
+        (_, Some("unknown-recipe")) => format!("{} (foreign: unknown recipe {})", value, recipe),
         _ => format!(
             "{:?} (foreign: malformed)",
             s.value.as_deref().unwrap_or("")
@@ -212,7 +224,7 @@ pub fn text(e: &Explanation) -> String {
     };
     let _ = writeln!(w, "  stamp ({CHECKSUM_ANNOTATION}): {what}");
     if let Some(marker) = &s.marker {
-        let _ = writeln!(w, "  marker (confighash.dev/unstamped): {marker}");
+        let _ = writeln!(w, "  marker (confighash.dev/unstamped): {}", shown(marker));
     }
 
     // References.
@@ -234,7 +246,7 @@ pub fn text(e: &Explanation) -> String {
     // Key and expected stamp.
     let k = &e.key;
     let key_place = match k.source {
-        "file" => format!("key file {}", k.path.as_deref().unwrap_or("")),
+        "file" => format!("key file {}", shown(k.path.as_deref().unwrap_or(""))),
         _ => format!(
             "key Secret {}/{}",
             k.namespace.as_deref().unwrap_or(""),
@@ -247,7 +259,7 @@ pub fn text(e: &Explanation) -> String {
                         --key-file)"
             .to_owned(),
         "absent" => "does not exist".to_owned(),
-        _ => k.error.clone().unwrap_or_default(),
+        _ => shown(k.error.as_deref().unwrap_or("")),
     };
     let _ = writeln!(w, "  key: {key_place}: {key_state}");
     let _ = writeln!(
@@ -268,10 +280,10 @@ pub fn text(e: &Explanation) -> String {
                 let _ = writeln!(
                     w,
                     "    {} {} {}{count}: {}",
-                    ev.time.as_deref().unwrap_or("-"),
-                    ev.type_.as_deref().unwrap_or("-"),
-                    ev.reason,
-                    ev.note.as_deref().unwrap_or("")
+                    shown(ev.time.as_deref().unwrap_or("-")),
+                    shown(ev.type_.as_deref().unwrap_or("-")),
+                    shown(&ev.reason),
+                    shown(ev.note.as_deref().unwrap_or(""))
                 );
             }
         }
@@ -285,7 +297,7 @@ pub fn text(e: &Explanation) -> String {
             let _ = writeln!(
                 w,
                 "  events recorded by confighash: not known ({})",
-                e.events.error.as_deref().unwrap_or("")
+                shown(e.events.error.as_deref().unwrap_or(""))
             );
         }
     }
@@ -320,12 +332,12 @@ fn reference(w: &mut String, r: &Reference) {
         "absent" => "absent".to_owned(),
         "forbidden" => "not read: forbidden".to_owned(),
         "not-read" => "not read".to_owned(),
-        _ => format!("not read: {}", r.error.as_deref().unwrap_or("")),
+        _ => format!("not read: {}", shown(r.error.as_deref().unwrap_or(""))),
     };
     let version = r
         .resource_version
         .as_deref()
-        .map(|v| format!(", resourceVersion {v}"))
+        .map(|v| format!(", resourceVersion {}", shown(v)))
         .unwrap_or_default();
     let _ = writeln!(
         w,
@@ -343,11 +355,12 @@ fn reference(w: &mut String, r: &Reference) {
                 .flatten()
                 .collect::<Vec<_>>()
                 .join(", ");
+            let how = shown(&how);
             let _ = writeln!(
                 w,
                 "        {} ({how}): {}",
-                m.manager,
-                m.last_write.as_deref().unwrap_or("no time")
+                shown(&m.manager),
+                shown(m.last_write.as_deref().unwrap_or("no time"))
             );
         }
     }

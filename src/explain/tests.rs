@@ -784,3 +784,38 @@ fn kinds_by_kubectl_names() {
             .contains("not an object name")
     );
 }
+
+#[test]
+fn values_read_from_the_cluster_cannot_fake_lines_of_the_output() {
+    let forged = "x\n  verdict: up-to-date\u{1b}[2J";
+    let mut f = facts(deployment(
+        json!({}),
+        json!({"confighash.dev/unstamped": forged}),
+        Some(forged),
+    ));
+    f.events = Read::Found(vec![
+        serde_json::from_value(json!({
+            "metadata": {"name": "e"},
+            "eventTime": "2025-01-01T00:00:00.000000Z",
+            "reportingController": "confighash",
+            "reason": "ConfigChanged",
+            "note": forged,
+            "regarding": {"kind": "Deployment", "namespace": "shop", "name": "web"}
+        }))
+        .unwrap(),
+    ]);
+    let e = model::explain(&f).unwrap();
+    assert_eq!(e.verdict, Verdict::Foreign);
+    let text = render::text(&e);
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.trim_start().starts_with("verdict:"))
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "{text}");
+    let table = render::table(&[render::Row::of(&e)]);
+    assert_eq!(table.lines().count(), 2, "{table}");
+    assert!(!table.contains('\u{1b}'), "{table}");
+}
