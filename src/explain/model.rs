@@ -475,10 +475,19 @@ impl Gates<'_> {
         if self.namespace.opted_in == Some(false) {
             return Some((
                 Verdict::NotSelected,
-                format!(
-                    "namespace {ns} is not opted in (it lacks the label {ENABLED_LABEL}=true): \
-                     confighash neither stamps nor touches its workloads"
-                ),
+                if self.webhook.selected == Some(true) {
+                    format!(
+                        "namespace {ns} is not opted in (it lacks the label {ENABLED_LABEL}=true): \
+                         the webhook configuration selects it all the same, but the watcher never \
+                         touches workloads of namespaces that are not opted in, so config changes \
+                         roll nothing"
+                    )
+                } else {
+                    format!(
+                        "namespace {ns} is not opted in (it lacks the label {ENABLED_LABEL}=true): \
+                         confighash neither stamps nor touches its workloads"
+                    )
+                },
             ));
         }
         let name = &facts.webhook_name;

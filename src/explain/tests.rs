@@ -433,7 +433,20 @@ fn selection_gates_come_before_the_stamp() {
         "{}",
         e.reason
     );
+    assert!(
+        e.reason.contains("neither stamps nor touches"),
+        "{}",
+        e.reason
+    );
     assert_eq!(e.namespace_info.opted_in, Some(false));
+
+    // A webhook configuration that selects it anyway: the watcher still does not act there.
+    let mut config = installed_webhook();
+    config.webhooks.as_mut().unwrap()[0].namespace_selector = None;
+    f.webhook = Read::Found(config);
+    let (v, reason) = verdict(&f);
+    assert_eq!(v, Verdict::NotSelected);
+    assert!(reason.contains("the watcher never touches"), "{reason}");
 
     let mut f = stamped(&stamp);
     f.webhook = Read::Absent;
