@@ -109,6 +109,7 @@ async fn up_to_date_after_a_config_change_rolled_it() {
         env.events("shop", "web", "ConfigChanged").await > 0
     })
     .await;
+    env.settled().await;
     let stamp = env.stamp("shop", "Deployment", "web").await.unwrap();
     let report = explain(&env, &["-n", "shop", "deployment/web"]).await;
     assert_eq!(report.code, explain::EXIT_UP_TO_DATE, "{report:?}");
@@ -235,6 +236,9 @@ async fn unstamped_without_a_marker_when_created_past_the_webhook() {
     };
     env.namespace("down", true).await;
     env.config_map("down", "cfg", &[("k", "v")]).await;
+    // The watcher has handled the ConfigMap's creation: no change window is open that would
+    // touch (and so stamp) the workload below.
+    env.barrier("down").await;
     env.stop_webhook().await;
     env.deployment("down", "early", &[("envFrom", "cfg")]).await;
     assert_eq!(env.stamp("down", "Deployment", "early").await, None);
@@ -265,6 +269,8 @@ async fn foreign_when_stamped_with_another_key() {
     };
     env.namespace("moved", true).await;
     env.config_map("moved", "cfg", &[("k", "v")]).await;
+    // No change window open: a config change would replace the foreign stamp.
+    env.barrier("moved").await;
     let other = StampKey::new(OTHER_KEY.to_vec()).unwrap();
     let current = StampKey::new(KEY.to_vec()).unwrap();
     env.keys.set(other.clone());
