@@ -579,6 +579,50 @@ mod tests {
         }
     }
 
+    fn explain(flags: &[&str]) -> Result<crate::explain::Request, clap::Error> {
+        let args = ["confighash", "explain"].iter().chain(flags);
+        match Cli::try_parse_from(args)?.command {
+            Command::Explain(args) => Ok(args.to_request()),
+            other => panic!("not explain: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn explain_flags_reach_the_request() {
+        use crate::core::workload::WorkloadKind;
+        use crate::explain::{Format, KeyChoice, Request, Target};
+        assert_eq!(
+            explain(&["-n", "shop", "sts/db", "-o", "json", "--key-file", "/k"]).unwrap(),
+            Request {
+                target: Target::Workload {
+                    kind: WorkloadKind::StatefulSet,
+                    name: "db".into(),
+                    namespace: Some("shop".into()),
+                },
+                format: Format::Json,
+                install_namespace: "confighash".into(),
+                key: KeyChoice::File("/k".into()),
+                webhook_configuration: "confighash".into(),
+            }
+        );
+        let all = explain(&["-A", "--install-namespace", "ops", "--key-secret", "k"]).unwrap();
+        assert_eq!(all.target, Target::AllNamespaces);
+        assert_eq!(all.format, Format::Text);
+        assert_eq!(all.install_namespace, "ops");
+        assert_eq!(all.key, KeyChoice::Secret("k".into()));
+        assert_eq!(explain(&[]).unwrap().target, Target::Namespace(None));
+        for bad in [
+            &["-A", "-n", "shop"][..],
+            &["-A", "deploy/web"],
+            &["job/x"],
+            &["-n", "Shop", "deploy/web"],
+            &["deploy/web", "-o", "yaml"],
+            &["deploy/web", "--key-file", "/k", "--key-secret", "s"],
+        ] {
+            assert!(explain(bad).is_err(), "{bad:?}");
+        }
+    }
+
     #[test]
     fn serve_without_flags_runs_with_the_default_config() {
         let mut config = Config::from(serve(&[]));
