@@ -34,6 +34,94 @@ pub enum Command {
     /// Write a local CA and a serving certificate for the webhook's Service (for local runs and
     /// clusters without cert-manager).
     Certs(CertsArgs),
+    /// Explain a workload's stamp in the live cluster (or list every workload's verdict): opt-in,
+    /// webhook selection, references, expected stamp, verdict, Events and rollout state.
+    Explain(ExplainArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The workload: KIND/NAME, KIND one of deploy, sts, ds, cj, rollout (or kubectl's long
+    /// names). Without it, every workload of the namespace is listed.
+    #[arg(value_name = "KIND/NAME", value_parser = crate::explain::parse_workload)]
+    pub workload: Option<crate::explain::WorkloadArg>,
+    /// The namespace (default: the kubeconfig context's).
+    #[arg(short = 'n', long, value_name = "NS", value_parser = parse_namespace)]
+    pub namespace: Option<String>,
+    /// List every workload of every opted-in namespace.
+    #[arg(short = 'A', long, conflicts_with_all = ["namespace", "workload"])]
+    pub all_namespaces: bool,
+    /// Output format: text, or one JSON document.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: crate::explain::Format,
+    /// The kubeconfig file (default: KUBECONFIG, then ~/.kube/config, then the in-cluster
+    /// config).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The namespace confighash is installed in: where its key Secret is.
+    #[arg(
+        long,
+        env = "CONFIGHASH_INSTALL_NAMESPACE",
+        value_name = "NS",
+        default_value = "confighash",
+        value_parser = parse_namespace
+    )]
+    pub install_namespace: String,
+    /// The key Secret in --install-namespace (data key `key`); reading it needs get access.
+    #[arg(
+        long,
+        env = "CONFIGHASH_KEY_SECRET",
+        value_name = "NAME",
+        default_value = crate::app::DEFAULT_KEY_SECRET,
+        value_parser = parse_object_name
+    )]
+    pub key_secret: String,
+    /// The installation's key from a file instead (its bytes exactly, as `serve --key-file`).
+    #[arg(
+        long,
+        env = "CONFIGHASH_KEY_FILE",
+        value_name = "FILE",
+        conflicts_with = "key_secret"
+    )]
+    pub key_file: Option<PathBuf>,
+    /// The MutatingWebhookConfiguration confighash is installed with (as `serve` names it).
+    #[arg(
+        long,
+        env = "CONFIGHASH_WEBHOOK_CONFIGURATION",
+        value_name = "NAME",
+        default_value = crate::certs::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION,
+        value_parser = parse_object_name
+    )]
+    pub webhook_configuration: String,
+}
+
+impl ExplainArgs {
+    /// What `confighash explain` runs with (the kubeconfig flags are for the client).
+    pub fn to_request(&self) -> crate::explain::Request {
+        use crate::explain::{KeyChoice, Request, Target};
+        let target = match (&self.workload, self.all_namespaces) {
+            (_, true) => Target::AllNamespaces,
+            (Some(w), false) => Target::Workload {
+                kind: w.kind,
+                name: w.name.clone(),
+                namespace: self.namespace.clone(),
+            },
+            (None, false) => Target::Namespace(self.namespace.clone()),
+        };
+        Request {
+            target,
+            format: self.output,
+            install_namespace: self.install_namespace.clone(),
+            key: match &self.key_file {
+                Some(path) => KeyChoice::File(path.clone()),
+                None => KeyChoice::Secret(self.key_secret.clone()),
+            },
+            webhook_configuration: self.webhook_configuration.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -488,6 +576,50 @@ mod tests {
         match Cli::try_parse_from(args).unwrap().command {
             Command::Serve(args) => args,
             other => panic!("not serve: {other:?}"),
+        }
+    }
+
+    fn explain(flags: &[&str]) -> Result<crate::explain::Request, clap::Error> {
+        let args = ["confighash", "explain"].iter().chain(flags);
+        match Cli::try_parse_from(args)?.command {
+            Command::Explain(args) => Ok(args.to_request()),
+            other => panic!("not explain: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn explain_flags_reach_the_request() {
+        use crate::core::workload::WorkloadKind;
+        use crate::explain::{Format, KeyChoice, Request, Target};
+        assert_eq!(
+            explain(&["-n", "shop", "sts/db", "-o", "json", "--key-file", "/k"]).unwrap(),
+            Request {
+                target: Target::Workload {
+                    kind: WorkloadKind::StatefulSet,
+                    name: "db".into(),
+                    namespace: Some("shop".into()),
+                },
+                format: Format::Json,
+                install_namespace: "confighash".into(),
+                key: KeyChoice::File("/k".into()),
+                webhook_configuration: "confighash".into(),
+            }
+        );
+        let all = explain(&["-A", "--install-namespace", "ops", "--key-secret", "k"]).unwrap();
+        assert_eq!(all.target, Target::AllNamespaces);
+        assert_eq!(all.format, Format::Text);
+        assert_eq!(all.install_namespace, "ops");
+        assert_eq!(all.key, KeyChoice::Secret("k".into()));
+        assert_eq!(explain(&[]).unwrap().target, Target::Namespace(None));
+        for bad in [
+            &["-A", "-n", "shop"][..],
+            &["-A", "deploy/web"],
+            &["job/x"],
+            &["-n", "Shop", "deploy/web"],
+            &["deploy/web", "-o", "yaml"],
+            &["deploy/web", "--key-file", "/k", "--key-secret", "s"],
+        ] {
+            assert!(explain(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -5,6 +5,7 @@
 //! - [`core`]: reference discovery, the checksum recipe, the stamp rules, the patch and the
 //!   contract's names. Pure: no Kubernetes client, no clock, no I/O. Every other part calls it.
 //! - [`offline`]: `confighash stamp`, the core over YAML files.
+//! - [`explain`]: `confighash explain`, the core over what the live cluster shows.
 //! - [`webhook`]: the mutating admission webhook: reviews, lookups, TLS and the connection limits.
 //! - [`watcher`]: re-touches workloads when their config changes; leader election.
 //! - [`certs`]: the stamp key and the webhook's certificates.
@@ -20,6 +21,7 @@ pub mod certs;
 pub mod cli;
 pub mod cluster;
 pub mod core;
+pub mod explain;
 pub mod offline;
 pub mod watcher;
 pub mod webhook;

@@ -10,6 +10,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Stamp(args) => stamp(&args),
         Command::Serve(args) => serve(args),
+        Command::Explain(args) => explain(&args),
         Command::Certs(args) => match cli::certs(&args) {
             Ok(paths) => {
                 for p in paths {
@@ -46,6 +47,45 @@ fn stamp(args: &cli::StampArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn explain(args: &cli::ExplainArgs) -> ExitCode {
+    // One TLS implementation for every client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(confighash::explain::EXIT_ERROR);
+        }
+    };
+    let report = runtime.block_on(async {
+        match confighash::explain::connect(args.kubeconfig.as_deref(), args.context.as_deref())
+            .await
+        {
+            Ok(client) => confighash::explain::run(client, &args.to_request()).await,
+            Err(e) => confighash::explain::Report {
+                text: String::new(),
+                errors: vec![e],
+                code: confighash::explain::EXIT_ERROR,
+            },
+        }
+    });
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(report.text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        eprintln!("error: writing the output: {e}");
+        return ExitCode::from(confighash::explain::EXIT_ERROR);
+    }
+    for e in &report.errors {
+        eprintln!("error: {e}");
+    }
+    ExitCode::from(report.code)
 }
 
 fn serve(args: cli::ServeArgs) -> ExitCode {

@@ -273,7 +273,11 @@ fn new_secret(name: &str, bytes: &[u8]) -> Secret {
 }
 
 /// The key in data key `key` of `secret` (decoded bytes).
-fn key_from_secret(secret: &Secret, namespace: &str, name: &str) -> Result<StampKey, KeyLoadError> {
+pub fn key_from_secret(
+    secret: &Secret,
+    namespace: &str,
+    name: &str,
+) -> Result<StampKey, KeyLoadError> {
     let bytes = secret
         .data
         .as_ref()
