@@ -59,7 +59,7 @@ fn map(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
 }
 
 async fn create_secret(env: &Env, namespace: &str, name: &str, typed: &Typed) {
-    let api: Api<Secret> = Api::namespaced(env.client.clone(), namespace);
+    let api: Api<Secret> = Api::namespaced(env.client.clone(), &env.ns(namespace));
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -107,7 +107,7 @@ async fn deployment_mounting(
         json!([{"name": "secret", "mountPath": "/var/run/secret", "readOnly": true}]);
     Api::<DynamicObject>::namespaced_with(
         env.client.clone(),
-        namespace,
+        &env.ns(namespace),
         &support::api_resource("Deployment"),
     )
     .create(
@@ -130,7 +130,7 @@ fn patches_of_deployments(env: &Env) -> usize {
 
 /// The ConfigChanged Events recorded for the workload `name`.
 async fn config_changed_events(env: &Env, namespace: &str, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), namespace)
+    Api::<Event>::namespaced(env.client.clone(), &env.ns(namespace))
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -207,15 +207,18 @@ async fn a_config_map_change_rolls_a_workload_that_mounts_a_helm_release_record(
 /// service-account token among them.
 #[tokio::test]
 async fn a_namespace_opted_in_later_lists_its_typed_secrets_too() {
-    let mut env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
-    if !env.is_stand_in() {
-        eprintln!("skipped: starts the watcher after the objects exist");
+    let Some(mut env) = Env::stand_in_with(
+        "a_namespace_opted_in_later_lists_its_typed_secrets_too",
+        "starts the watcher after the objects exist",
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
         return;
-    }
+    };
     let ns = "later";
     env.namespace(ns, false).await;
     create_secret(&env, ns, "typed", &SERVICE_ACCOUNT_TOKEN).await;

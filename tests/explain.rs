@@ -22,11 +22,12 @@ const OTHER_KEY: &[u8] = b"another key, not the installation's";
 
 /// The environment, or `None` against a real cluster (these tests need the stand-in).
 async fn stand_in(setup: Setup) -> Option<Env> {
-    let env = Env::start_with(setup).await;
-    if !env.is_stand_in() {
-        eprintln!("skipped: needs the in-memory API server");
-        return None;
-    }
+    let env = Env::stand_in_with(
+        "explain",
+        "it writes the key Secret and sets up each verdict in-process",
+        setup,
+    )
+    .await?;
     install_key(&env).await;
     Some(env)
 }
