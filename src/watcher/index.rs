@@ -242,6 +242,9 @@ pub struct WorkloadEntry {
     pub too_many_references: bool,
     /// Its creationTimestamp, in seconds since the Unix epoch.
     pub created: Option<i64>,
+    /// `metadata.generation` (0 when absent): it grows with every change of the spec, pod
+    /// template included, so a state of lower generation than one already seen is older.
+    pub generation: i64,
 }
 
 impl WorkloadEntry {
@@ -298,6 +301,10 @@ impl WorkloadEntry {
                 .and_then(Value::as_str)
                 .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
                 .map(|t| t.as_second()),
+            generation: obj
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0),
         }))
     }
 

@@ -223,13 +223,24 @@ impl Shell {
         self.spans.insert(workload.clone(), span.clone());
         let client = self.client.clone();
         let key = workload.clone();
-        let task = tokio::spawn(async move { patch(&client, &key, &stamp).await }.instrument(span));
+        let max_references = self.config.max_references;
+        let task = tokio::spawn(
+            async move { patch(&client, &key, &stamp, max_references).await }.instrument(span),
+        );
         let tx = self.tx.clone();
         tokio::spawn(async move {
             // Reported however the touch ended, a panic included.
-            let result = task.await.unwrap_or_else(|_| {
-                TouchResult::Failed(TouchError::Other("the touch ended unexpectedly".to_owned()))
+            let (result, stored) = task.await.unwrap_or_else(|_| {
+                let error = "the touch ended unexpectedly".to_owned();
+                (TouchResult::Failed(TouchError::Other(error)), None)
             });
+            // The response is the workload as stored now, newer than what the watch may still
+            // deliver: the state machine knows it before deciding again.
+            if let Some(entry) = stored {
+                let kind = workload.kind.kind();
+                let change = Watched::Applied(workload.clone(), Some(entry));
+                let _ = tx.send(Input::Workload(kind, change)).await;
+            }
             let _ = tx.send(Input::Touched(workload, result)).await;
         });
     }
@@ -591,8 +602,13 @@ async fn list_namespace<K: ConfigObject>(
 
 /// The merge patch that sets the pod template's stamp to `expected`; the API server sends it
 /// through the webhook, which re-reads and confirms or corrects it. Says the stamp the stored
-/// workload carries afterwards.
-async fn patch(client: &kube::Client, key: &WorkloadKey, expected: &str) -> TouchResult {
+/// workload carries afterwards, and what the index keeps of the stored workload.
+async fn patch(
+    client: &kube::Client,
+    key: &WorkloadKey,
+    expected: &str,
+    max_references: usize,
+) -> (TouchResult, Option<WorkloadEntry>) {
     let kind = key.kind.kind();
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
@@ -610,15 +626,19 @@ async fn patch(client: &kube::Client, key: &WorkloadKey, expected: &str) -> Touc
         Ok(obj) => {
             let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
             let (stamp, _) = crate::core::workload::stamp_and_marker(kind, &value);
-            TouchResult::Patched(stamp.map(str::to_owned))
+            let stored = WorkloadEntry::from_object_within(kind, &value, max_references)
+                .ok()
+                .flatten();
+            (TouchResult::Patched(stamp.map(str::to_owned)), stored)
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => TouchResult::Gone,
+        Err(kube::Error::Api(s)) if s.code == 404 => (TouchResult::Gone, None),
         Err(e) => {
             let error = redact::kube_error(&e);
-            TouchResult::Failed(match &e {
+            let failed = TouchResult::Failed(match &e {
                 kube::Error::Api(s) if s.code == 403 => TouchError::Forbidden(error),
                 _ => TouchError::Other(error),
-            })
+            });
+            (failed, None)
         }
     }
 }

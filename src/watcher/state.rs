@@ -598,6 +598,15 @@ impl State {
     ) {
         match change {
             Watched::Applied(key, Some(entry)) => {
+                if let Some(known) = self.workloads.get(&key)
+                    && known.uid == entry.uid
+                    && entry.generation < known.generation
+                {
+                    // Older than what a touch's response already showed: the watch is behind.
+                    tracing::debug!(workload = %key, generation = entry.generation,
+                        known = known.generation, "an older state of the workload; ignored");
+                    return;
+                }
                 if entry.too_many_references
                     && self.leader
                     && !self.terminating.contains(&key.namespace)

@@ -105,6 +105,8 @@ struct W {
     annotations: Value,
     on_delete: bool,
     created: Option<SystemTime>,
+    /// `metadata.generation`, when set.
+    generation: Option<i64>,
 }
 
 fn deployment(ns: &str, name: &str, uses: &[(&'static str, &str)]) -> W {
@@ -122,6 +124,7 @@ fn deployment(ns: &str, name: &str, uses: &[(&'static str, &str)]) -> W {
         annotations: json!({}),
         on_delete: false,
         created: None,
+        generation: None,
     }
 }
 
@@ -133,6 +136,11 @@ impl W {
 
     fn key(&self) -> WorkloadKey {
         WorkloadKey::new(self.kind, &self.ns, &self.name)
+    }
+
+    fn generation(mut self, generation: i64) -> Self {
+        self.generation = Some(generation);
+        self
     }
 
     fn object(&self) -> Value {
@@ -168,6 +176,9 @@ impl W {
         });
         if self.on_delete {
             obj["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
+        }
+        if let Some(generation) = self.generation {
+            obj["metadata"]["generation"] = json!(generation);
         }
         if let Some(created) = self.created {
             let seconds = unix_seconds(created);
@@ -1834,4 +1845,50 @@ fn unix_seconds_are_whole_seconds_rounded_down() {
     let t = SystemTime::UNIX_EPOCH + Duration::from_millis(10_900);
     assert_eq!(unix_seconds(t), 10);
     assert_eq!(unix_seconds(SystemTime::UNIX_EPOCH), 0);
+}
+
+/// The touch's response (the workload as stored after it) reaches the state machine before the
+/// watch delivers the touch's own event; the watch, behind, may first deliver an older state of
+/// the workload. That older state must not bring the old stamp back, or the next decision would
+/// touch the workload again for a stamp it already carries: a write that rolls nothing and an
+/// Event that says it did.
+#[test]
+fn a_watch_event_older_than_a_touchs_response_does_not_bring_the_old_stamp_back() {
+    let mut t = Test::leader(config());
+    let web = shop(&mut t).generation(1);
+    assert_eq!(t.workload(0.5, &web), []);
+    let before = web.clone();
+    assert_eq!(t.config(1.0, app_env("debug")), []);
+    let stamp = t.expected(&web);
+    assert_eq!(t.wake(6.0), [touch(&web, &stamp, APP_ENV_CHANGED, 0)]);
+
+    let web = web.stamped(&stamp).generation(2);
+    assert_eq!(
+        t.workload(6.1, &web),
+        [],
+        "the response, fed as the workload"
+    );
+    assert_eq!(
+        t.touched(6.1, &web, TouchResult::Patched(Some(stamp.clone()))),
+        [config_changed(&web, APP_ENV_CHANGED)]
+    );
+    assert_eq!(t.workload(6.2, &before), [], "an older state, late");
+    assert_eq!(
+        t.next_wake(),
+        Some(600.0),
+        "nothing to do: its stamp is right"
+    );
+    assert_eq!(t.wake(20.0), []);
+    assert_eq!(t.workload(6.3, &web), [], "the touch's own event");
+    assert_eq!(t.metrics.touches("touched"), 1);
+
+    // A newer generation is taken as usual: someone put the old stamp back.
+    let old_stamp = before.stamp.clone().unwrap();
+    let restamped = web.clone().stamped(&old_stamp).generation(3);
+    assert_eq!(t.workload(21.0, &restamped), []);
+    assert_eq!(
+        t.next_wake(),
+        Some(26.0),
+        "a stale stamp is checked a window later"
+    );
 }
