@@ -1835,3 +1835,5 @@ fn unix_seconds_are_whole_seconds_rounded_down() {
     assert_eq!(unix_seconds(t), 10);
     assert_eq!(unix_seconds(SystemTime::UNIX_EPOCH), 0);
 }
+
+mod dry_run;
