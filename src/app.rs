@@ -109,6 +109,9 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get to finish at shutdown.
     pub drain_timeout: Duration,
+    /// `--dry-run`: the webhook allows every review without a patch and the watcher records
+    /// `WouldRoll` Events instead of touching; no workload is written.
+    pub dry_run: bool,
 }
 
 /// Where the stamp key comes from.
@@ -202,6 +205,7 @@ impl Default for Config {
             cert_poll: CERT_POLL,
             header_read_timeout: HEADER_READ_TIMEOUT,
             drain_timeout: DRAIN_TIMEOUT,
+            dry_run: false,
         }
     }
 }
@@ -294,6 +298,12 @@ impl App {
             }
         };
         tracing::info!(key_id = keys.current().id(), "checksum key loaded");
+        if config.dry_run {
+            tracing::info!(
+                "dry run: no workload is written; the webhook allows reviews without a patch and \
+                 the watcher records WouldRoll Events instead of touching"
+            );
+        }
         if let Some(self_signed) = Self::self_signed_config(&config, &namespace) {
             crate::certs::selfsigned::ensure(&client, &self_signed).await?;
             background.push(tokio::spawn(crate::certs::selfsigned::run(
@@ -451,6 +461,7 @@ impl App {
         .with_options(config.rules)
         .with_max_references(config.max_references)
         .with_excluded_namespaces(excluded_namespaces(config, namespace))
+        .with_dry_run(config.dry_run)
     }
 
     /// The watcher's configuration: its pace, the rules, the reference bound, this replica's
@@ -472,6 +483,7 @@ impl App {
             excluded_namespaces: excluded_namespaces(config, namespace)
                 .chain([admission::KUBE_SYSTEM.to_owned()])
                 .collect(),
+            dry_run: config.dry_run,
         }
     }
 

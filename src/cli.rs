@@ -313,6 +313,11 @@ pub struct ServeArgs {
         value_parser = parse_object_name
     )]
     pub lease: String,
+    /// Write no workload: the webhook allows every review without a patch (counted in
+    /// confighash_webhook_dry_run_total) and the watcher records a WouldRoll Event where it would
+    /// touch. Leader election, the key and certificates, and Events work as usual.
+    #[arg(long, env = "CONFIGHASH_DRY_RUN")]
+    pub dry_run: bool,
 }
 
 impl ServeArgs {
@@ -355,6 +360,7 @@ impl ServeArgs {
                 enabled: self.leader_elect.unwrap_or(in_cluster),
                 lease: self.lease.clone(),
             },
+            dry_run: self.dry_run,
             ..Config::default()
         }
     }
@@ -695,5 +701,11 @@ mod tests {
         let off = serve(&["--leader-elect=false", "--key-secret=k"]).to_config();
         assert!(!off.leader_election.enabled);
         assert_eq!(off.key, KeySource::Secret("k".into()));
+    }
+
+    #[test]
+    fn serve_dry_run_reaches_the_config() {
+        assert!(serve(&["--dry-run"]).to_config().dry_run);
+        assert!(!serve(&[]).to_config().dry_run);
     }
 }

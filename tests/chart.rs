@@ -273,6 +273,7 @@ watcher:
 log:
   format: text
   level: confighash=debug,kube=warn
+dryRun: true
 extraArgs: [--leader-elect=true]
 extraVolumes:
   - name: client-ca
@@ -679,6 +680,7 @@ fn check_every_flag(objects: &[Value], install: &Install, serve: &ServeArgs, pen
     assert_eq!(serve.max_touches_per_second, 2.5);
     assert!(serve.roll_on_delete);
     assert!(serve.stamp_existing);
+    assert!(serve.dry_run);
     assert_eq!(serve.log_level, "confighash=debug,kube=warn");
     assert_eq!(serve.log_format, confighash::cli::LogFormat::Text);
     assert_eq!(serve.leader_elect, Some(true), "extraArgs are passed on");
@@ -806,6 +808,7 @@ fn chart_refuses_values_that_would_not_work() {
         ),
         ("image:\n  digest: latest\n", "digest"),
         ("log:\n  format: yaml\n", "format"),
+        ("dryRun: \"true\"\n", "dryRun"),
     ] {
         match template("ch", "platform", values) {
             Ok(_) => panic!("rendered, but should be refused:\n{values}"),

@@ -923,3 +923,67 @@ async fn the_api_server_calls_the_webhook_and_workloads_are_stamped_at_create() 
     assert_ne!(stamp2, stamp);
     assert_eq!(h.cluster.api.rollouts("shop", "Deployment", "web"), 1);
 }
+
+/// `--dry-run`: every review is decided and counted as without it, then allowed without its
+/// patch, which `confighash_webhook_dry_run_total` counts by the outcome it was for.
+#[tokio::test]
+async fn a_dry_run_allows_every_review_without_a_patch_and_counts_what_it_withheld() {
+    let cluster = Harness::start(&[NS], KEY).await;
+    let served = harness::serve(
+        cluster.webhook().with_dry_run(true),
+        ServeSettings::default(),
+    )
+    .await;
+    let h = Setup { cluster, served };
+    standard_config(&h).await;
+    let kind = WorkloadKind::Deployment;
+    let object = web(kind, json!({})).json();
+
+    // A CREATE that would be stamped.
+    let (admitted, patch) = h.admit(&Review::create(&object)).await;
+    assert_eq!(patch, None, "no patch in a dry run");
+    assert_eq!(admitted, object);
+    assert_eq!(h.metrics.requests("Deployment", "CREATE", "stamped"), 1);
+    assert_eq!(h.metrics.dry_runs("Deployment", "CREATE", "stamped"), 1);
+
+    // An UPDATE carrying the right stamp needs no patch anyway: nothing withheld.
+    let mut stamped = object.clone();
+    set_stamp(&mut stamped, Some(&h.expected(&object).await));
+    let (_, patch) = h.admit(&Review::update(&stamped, &stamped)).await;
+    assert_eq!(patch, None);
+    assert_eq!(h.metrics.requests("Deployment", "UPDATE", "unchanged"), 1);
+    assert_eq!(h.metrics.dry_runs("Deployment", "UPDATE", "unchanged"), 0);
+
+    // A CREATE whose lookup fails would get the unstamped marker.
+    h.cluster
+        .api
+        .fail_next(Some("get"), Some("secrets"), 1, 500);
+    let (admitted, patch) = h.admit(&Review::create(&object)).await;
+    assert_eq!(patch, None);
+    assert_eq!(admitted, object);
+    assert_eq!(
+        h.metrics.dry_runs("Deployment", "CREATE", "kept-on-error"),
+        1
+    );
+
+    let text = h.metrics_text().await;
+    assert!(
+        text.lines().any(|l| l
+            == "confighash_webhook_dry_run_total{kind=\"Deployment\",operation=\"CREATE\",outcome=\"stamped\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l
+            == "confighash_webhook_dry_run_total{kind=\"CronJob\",operation=\"UPDATE\",outcome=\"stamped\"} 0"),
+        "every series exists from the start in a dry run"
+    );
+    // Without a dry run the family has no series.
+    let plain = harness::webhook(std::sync::Arc::new(harness::NoObjects), KEY);
+    assert!(
+        !plain
+            .metrics()
+            .encode()
+            .lines()
+            .any(|l| l.starts_with("confighash_webhook_dry_run_total{")),
+    );
+}

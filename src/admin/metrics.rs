@@ -45,7 +45,7 @@ pub const REQUEST_FAILURE_OUTCOMES: [&str; 3] = ["bad-request", "busy", "timeout
 /// Outcomes of reads of referenced objects.
 pub const LOOKUP_OUTCOMES: [&str; 4] = ["found", "absent", "error", "deadline"];
 /// Outcomes of workload touches.
-pub const TOUCH_OUTCOMES: [&str; 4] = ["touched", "kept-by-webhook", "error", "gone"];
+pub const TOUCH_OUTCOMES: [&str; 5] = ["touched", "kept-by-webhook", "error", "gone", "would-roll"];
 
 /// Every (kind, operation, outcome) a review can be counted with: the rules' outcomes and the
 /// too-many-references outcome for each workload kind and operation, skipped reviews of other
@@ -87,6 +87,15 @@ fn request_label_sets() -> Vec<RequestLabels> {
     sets
 }
 
+/// Every (kind, operation, outcome) a review `--dry-run` allowed without its patch can be
+/// counted with: those of the workload decisions.
+fn dry_run_label_sets() -> Vec<RequestLabels> {
+    request_label_sets()
+        .into_iter()
+        .filter(|l| !l.kind.is_empty() && l.outcome != Outcome::Skipped.as_str())
+        .collect()
+}
+
 /// Every metric confighash exports.
 pub struct Metrics {
     registry: Registry,
@@ -110,6 +119,7 @@ pub struct Metrics {
     bypassed: Counter,
     touches_pending: Gauge,
     touches_in_flight: Gauge,
+    dry_run: Family<RequestLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -197,7 +207,8 @@ impl Metrics {
         let touches = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "touches",
-            "Workload touches by outcome (touched, kept-by-webhook, error, gone)",
+            "Workload touches by outcome (touched, kept-by-webhook, error, gone; would-roll: a \
+             touch a dry run did not make)",
             touches.clone(),
         );
         let touch_retries = Counter::default();
@@ -244,6 +255,13 @@ impl Metrics {
             "touches_in_flight",
             "Workload touches sent whose result has not come back",
             touches_in_flight.clone(),
+        );
+        let dry_run = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "webhook_dry_run",
+            "Admission reviews --dry-run allowed without the patch they would have had, by \
+             workload kind, operation and the outcome that patch was for",
+            dry_run.clone(),
         );
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
@@ -304,6 +322,7 @@ impl Metrics {
             cert_reloads,
             cert_reload_failures,
             cert_expiry,
+            dry_run,
         }
     }
 
@@ -451,6 +470,45 @@ impl Metrics {
     pub fn touches_outstanding(&self) -> (u64, u64) {
         let count = |g: &Gauge| u64::try_from(g.get()).unwrap_or(0);
         (count(&self.touches_pending), count(&self.touches_in_flight))
+    }
+
+    /// Creates every series of `confighash_webhook_dry_run_total` at 0 (they exist only in a dry
+    /// run).
+    pub fn prepare_dry_run(&self) {
+        for labels in dry_run_label_sets() {
+            let _ = self.dry_run.get_or_create(&labels);
+        }
+    }
+
+    /// Counts a review allowed without its patch by `--dry-run`, with the outcome the patch was
+    /// for.
+    pub fn dry_run(&self, kind: &'static str, operation: &'static str, outcome: &'static str) {
+        let labels = RequestLabels {
+            kind,
+            operation,
+            outcome,
+        };
+        debug_assert!(
+            dry_run_label_sets().contains(&labels),
+            "{kind} {operation} {outcome} is not exported by prepare_dry_run"
+        );
+        self.dry_run.get_or_create(&labels).inc();
+    }
+
+    /// How many reviews `--dry-run` allowed without their patch, with these labels.
+    pub fn dry_runs(
+        &self,
+        kind: &'static str,
+        operation: &'static str,
+        outcome: &'static str,
+    ) -> u64 {
+        self.dry_run
+            .get_or_create(&RequestLabels {
+                kind,
+                operation,
+                outcome,
+            })
+            .get()
     }
 
     /// The OpenMetrics text of every metric.

@@ -832,3 +832,19 @@ fn values_read_from_the_cluster_cannot_fake_lines_of_the_output() {
     assert_eq!(table.lines().count(), 2, "{table}");
     assert!(!table.contains('\u{1b}'), "{table}");
 }
+
+#[test]
+fn a_dry_runs_would_roll_events_are_shown() {
+    let events = vec![event(
+        "WouldRoll",
+        "confighash",
+        "web",
+        "2025-01-01T00:01:00.000000Z",
+        None,
+    )];
+    let found = observed::recorded_events(&events, WorkloadKind::Deployment, "shop", "web");
+    assert_eq!(
+        found.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
+        ["WouldRoll"]
+    );
+}

@@ -23,5 +23,6 @@ pub mod state;
 pub use run::{SECRET_PAGE_SIZE, run, run_with_secret_page_size};
 pub use state::{
     BYPASS_GRACE, ConfigSource, Effect, Input, State, TOO_MANY_REFERENCES_REASON, TOUCH_BURST,
-    TOUCH_FAILED_AFTER, TOUCH_FAILED_EVERY, TOUCH_FAILED_REASON, WatcherConfig,
+    TOUCH_FAILED_AFTER, TOUCH_FAILED_EVERY, TOUCH_FAILED_REASON, WOULD_ROLL_OUTCOME,
+    WOULD_ROLL_REASON, WatcherConfig,
 };

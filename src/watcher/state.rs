@@ -43,6 +43,10 @@ pub const TOUCH_FAILED_AFTER: u32 = 2;
 /// keeps an Event to count repeats (6 minutes), so each one is a new Event whose message has the
 /// error and retry delay of its time, not those of the first.
 pub const TOUCH_FAILED_EVERY: Duration = Duration::from_secs(600);
+/// The reason of the Normal Event a dry run (`--dry-run`) records instead of a touch.
+pub const WOULD_ROLL_REASON: &str = "WouldRoll";
+/// The touch outcome a dry run counts instead of a touch.
+pub const WOULD_ROLL_OUTCOME: &str = "would-roll";
 /// Workloads created within this of the watcher's start (or of their namespace opting in) are
 /// not counted as bypassing the webhook: the webhook may not have been reachable yet (readiness,
 /// endpoints), and the clocks of the node and the API server may differ a little.
@@ -75,6 +79,9 @@ pub struct WatcherConfig {
     /// (`confighash_workloads_bypassed_total`) when created this long after the watcher started
     /// and their namespace opted in; `None` counts none.
     pub bypass_grace: Option<Duration>,
+    /// `--dry-run`: decide everything as usual (windows, pacing, reconcile), but record a
+    /// `WouldRoll` Event instead of touching, once per workload and stamp it would set.
+    pub dry_run: bool,
 }
 
 impl Default for WatcherConfig {
@@ -91,6 +98,7 @@ impl Default for WatcherConfig {
             max_references: crate::webhook::admission::DEFAULT_MAX_REFERENCES,
             excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
             bypass_grace: Some(BYPASS_GRACE),
+            dry_run: false,
         }
     }
 }
@@ -273,6 +281,16 @@ struct InFlight {
     pending: Pending,
 }
 
+/// The stamp a dry run would have set on a workload, in place of the one it carries.
+#[derive(Debug)]
+struct WouldRoll {
+    /// The stamp the touch would have set.
+    stamp: String,
+    /// The stamp the workload carried then: once it carries another, something else wrote it,
+    /// and what it carries counts again.
+    over: Option<String>,
+}
+
 /// Everything the watcher knows and decides.
 pub struct State {
     config: WatcherConfig,
@@ -315,6 +333,10 @@ pub struct State {
     terminating: HashSet<String>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
+    /// In a dry run, the stamp each workload would carry had its touch been made: decisions
+    /// start from it, so one change is recorded once however often it is decided on. Dropped
+    /// with the workload.
+    would_roll: HashMap<WorkloadKey, WouldRoll>,
 }
 
 impl State {
@@ -353,6 +375,7 @@ impl State {
             backoff: HashMap::new(),
             terminating: HashSet::new(),
             effects: Vec::new(),
+            would_roll: HashMap::new(),
         }
     }
 
@@ -624,6 +647,7 @@ impl State {
                     // (another touch's, or an update the webhook stamped).
                     self.backoff.remove(&key);
                 }
+                self.forget_would_roll_unless_over(&key, &entry.stamp);
                 self.workloads.upsert(key.clone(), entry);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
@@ -659,6 +683,7 @@ impl State {
         self.touch_failed_at.remove(key);
         self.pending.remove(key);
         self.backoff.remove(key);
+        self.would_roll.remove(key);
     }
 
     /// A watch's list is in (or there is nothing to list).
@@ -730,6 +755,10 @@ impl State {
     /// namespace after the watcher started and the namespace opted in (with [`BYPASS_GRACE`]),
     /// not opted out, and carrying neither a stamp nor the unstamped marker. Each uid once.
     fn count_if_bypassed(&mut self, key: &WorkloadKey, entry: &WorkloadEntry) {
+        if self.config.dry_run {
+            // A dry run's webhook stamps nothing: every new workload would count.
+            return;
+        }
         let Some(grace) = self.config.bypass_grace else {
             return;
         };
@@ -825,6 +854,7 @@ impl State {
             stamp: entry.stamp.as_deref(),
             marker: entry.marker,
         };
+        let current = self.as_if_touched(key, entry, current);
         let with_v1 = rules::needs_v1(trigger, current, stamp_key.id());
         let lookup = self
             .configs
@@ -948,6 +978,9 @@ impl State {
     }
 
     fn start_touch(&mut self, key: WorkloadKey, expected: String, pending: Pending) {
+        if self.config.dry_run {
+            return self.would_touch(key, expected, pending);
+        }
         let Some(entry) = self.workloads.get(&key) else {
             return;
         };
@@ -1116,6 +1149,55 @@ impl State {
         }
         self.effects.push(Effect::Event(event));
     }
+
+    // ----- dry run -----
+
+    /// A dry run's touch: nothing is written; the stamp it would set is remembered, counted and
+    /// recorded as a `WouldRoll` Event.
+    fn would_touch(&mut self, key: WorkloadKey, expected: String, pending: Pending) {
+        let Some(entry) = self.workloads.get(&key) else {
+            return;
+        };
+        let (uid, rolls_by_itself) = (entry.uid.clone(), entry.rolls_by_itself);
+        let over = entry.stamp.clone();
+        self.metrics.touch(WOULD_ROLL_OUTCOME);
+        tracing::info!(workload = %key, stamp = %expected, changed = ?pending.changed,
+            "dry run: would re-stamp the pod template");
+        self.would_roll.insert(
+            key.clone(),
+            WouldRoll {
+                stamp: expected,
+                over,
+            },
+        );
+        self.record(would_roll(&key, &uid, &pending.changed, rolls_by_itself));
+    }
+
+    /// In a dry run, a workload as its touch would have left it: with the stamp the touch would
+    /// have set (and, as the webhook would, without the marker), while it still carries the stamp
+    /// it carried then. Otherwise `current` as it is.
+    fn as_if_touched<'a>(
+        &'a self,
+        key: &WorkloadKey,
+        entry: &WorkloadEntry,
+        current: Current<'a>,
+    ) -> Current<'a> {
+        match self.would_roll.get(key) {
+            Some(would) if would.over == entry.stamp => Current {
+                stamp: Some(&would.stamp),
+                marker: false,
+            },
+            _ => current,
+        }
+    }
+
+    /// Forgets what a dry run would have set on a workload that no longer carries the stamp it
+    /// carried then: something else wrote it.
+    fn forget_would_roll_unless_over(&mut self, key: &WorkloadKey, stamp: &Option<String>) {
+        if self.would_roll.get(key).is_some_and(|w| w.over != *stamp) {
+            self.would_roll.remove(key);
+        }
+    }
 }
 
 /// What a touch is for when nothing changed: reconcile found the stamp stale.
@@ -1158,6 +1240,38 @@ fn config_changed(
         type_,
         reason: CONFIG_CHANGED_REASON,
         action: "Restamp",
+        note,
+    }
+}
+
+/// The `WouldRoll` Event of a dry run's touch: what changed, and what the touch would do.
+fn would_roll(
+    key: &WorkloadKey,
+    uid: &str,
+    changed: &BTreeSet<ConfigKey>,
+    rolls_by_itself: bool,
+) -> WorkloadEvent {
+    let what = if changed.is_empty() {
+        STALE.to_owned()
+    } else {
+        changed_names(changed)
+    };
+    let note = if rolls_by_itself {
+        format!(
+            "{what}; confighash would re-stamp the pod template and its pods would roll (dry run)"
+        )
+    } else {
+        format!(
+            "{what}; confighash would re-stamp the pod template, but its pods would not roll by \
+             themselves (OnDelete update strategy or paused) (dry run)"
+        )
+    };
+    WorkloadEvent {
+        workload: key.clone(),
+        uid: uid.to_owned(),
+        type_: EventType::Normal,
+        reason: WOULD_ROLL_REASON,
+        action: "DryRun",
         note,
     }
 }

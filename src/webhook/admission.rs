@@ -120,6 +120,8 @@ pub struct Webhook {
     /// Namespaces whose objects are never read: `kube-system`, confighash's own and
     /// `--exclude-namespaces`.
     excluded: BTreeSet<String>,
+    /// `--dry-run`: decide and count as usual, answer without the patch.
+    dry_run: bool,
 }
 
 impl Webhook {
@@ -133,6 +135,7 @@ impl Webhook {
             options: rules::Options::default(),
             max_references: DEFAULT_MAX_REFERENCES,
             excluded: BTreeSet::from([KUBE_SYSTEM.to_owned()]),
+            dry_run: false,
         }
     }
 
@@ -158,6 +161,16 @@ impl Webhook {
         namespaces: impl IntoIterator<Item = String>,
     ) -> Self {
         self.excluded.extend(namespaces);
+        self
+    }
+
+    /// `--dry-run`: every review is decided and counted as usual, then allowed without its patch,
+    /// which is counted in `confighash_webhook_dry_run_total` and logged at debug.
+    pub fn with_dry_run(mut self, dry_run: bool) -> Self {
+        if dry_run {
+            self.metrics.prepare_dry_run();
+        }
+        self.dry_run = dry_run;
         self
     }
 
@@ -671,16 +684,26 @@ impl Webhook {
         } else {
             UNSTAMPED_LOOKUP_FAILED
         });
-        Ok(
-            match patch::build_with_marker(object, kind, decision.stamp.as_deref(), marker) {
-                Ok(p) if p.0.is_empty() => None,
-                Ok(p) => serde_json::to_vec(&p).ok(),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot patch the workload; allowed unchanged");
-                    None
-                }
-            },
-        )
+        let patch = match patch::build_with_marker(object, kind, decision.stamp.as_deref(), marker)
+        {
+            Ok(p) if p.0.is_empty() => None,
+            Ok(p) => serde_json::to_vec(&p).ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot patch the workload; allowed unchanged");
+                None
+            }
+        };
+        if self.dry_run && patch.is_some() {
+            self.metrics.dry_run(label, operation, outcome);
+            tracing::debug!(
+                outcome,
+                stamp = decision.stamp.as_deref().unwrap_or(""),
+                marker = marker.unwrap_or(""),
+                "dry run: allowed without the patch that would have set this"
+            );
+            return Ok(None);
+        }
+        Ok(patch)
     }
 }
 

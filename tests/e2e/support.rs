@@ -97,6 +97,8 @@ pub struct Setup {
     pub watcher: WatcherConfig,
     pub start_watcher: bool,
     pub lookup_deadline: Duration,
+    /// `serve --dry-run`: the webhook and the watcher write no workload.
+    pub dry_run: bool,
 }
 
 impl Default for Setup {
@@ -112,6 +114,7 @@ impl Default for Setup {
             },
             start_watcher: true,
             lookup_deadline: Duration::from_secs(2),
+            dry_run: false,
         }
     }
 }
@@ -194,6 +197,7 @@ impl Env {
             cert_poll: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(5),
+            dry_run: setup.dry_run,
             ..app::Config::default()
         };
         let mut serving = App::from_config(config, confighash.clone())

@@ -1892,3 +1892,5 @@ fn a_watch_event_older_than_a_touchs_response_does_not_bring_the_old_stamp_back(
         "a stale stamp is checked a window later"
     );
 }
+
+mod dry_run;
