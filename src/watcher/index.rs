@@ -469,11 +469,15 @@ mod tests {
         assert!(entry.opted_out);
         assert!(entry.refs.is_empty());
         let mut labelled = deployment(&many);
-        labelled["metadata"]["labels"] = serde_json::json!({crate::core::names::ENABLED_LABEL: "true"});
+        labelled["metadata"]["labels"] =
+            serde_json::json!({crate::core::names::ENABLED_LABEL: "true"});
         let entry = WorkloadEntry::from_object_within(WorkloadKind::Deployment, &labelled, 256)
             .unwrap()
             .unwrap();
-        assert!(entry.opted_out && !entry.opted_in, "frozen, opted in or not");
+        assert!(
+            entry.opted_out && !entry.opted_in,
+            "frozen, opted in or not"
+        );
 
         let at_limit: Vec<String> = (0..256).map(|i| format!("cm-{i:03}")).collect();
         let entry = WorkloadEntry::from_object_within(
