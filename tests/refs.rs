@@ -1283,9 +1283,15 @@ fn opt_out_label_on_the_pod_template_is_not_an_opt_out() {
 #[test]
 fn workload_labelled_enabled_true_is_opted_in_and_only_exactly_true() {
     for kind in WorkloadKind::ALL {
-        let opted_in = workload_json(kind, json!({"app": "web", "confighash.dev/enabled": "true"}));
+        let opted_in = workload_json(
+            kind,
+            json!({"app": "web", "confighash.dev/enabled": "true"}),
+        );
         let info = workload_info(kind, &opted_in);
-        assert!(info.opted_in && !info.opted_out, "{kind} labelled enabled=true");
+        assert!(
+            info.opted_in && !info.opted_out,
+            "{kind} labelled enabled=true"
+        );
         assert_eq!(rows(&info.refs), expected_workload_refs(), "{kind}");
 
         for labels in [

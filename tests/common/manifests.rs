@@ -578,7 +578,10 @@ pub fn check_webhook_selects(objects: &[Value], install: &Install) {
         vec![(ENABLED_LABEL, "")],
         vec![("x", "y")],
     ] {
-        assert!(second_namespaces.matches(&namespace(APP, &plain)), "{plain:?}");
+        assert!(
+            second_namespaces.matches(&namespace(APP, &plain)),
+            "{plain:?}"
+        );
     }
     assert!(!second_namespaces.matches(&namespace(APP, &opted_in)));
     assert!(second_objects.matches(&labels(&[(ENABLED_LABEL, "true"), ("app", "web")])));
@@ -622,9 +625,13 @@ pub fn check_webhook_selects(objects: &[Value], install: &Install) {
                     assert!(!(first && second), "{what}: sent to both entries");
                     let handled = !never.contains(&name)
                         && if ns_value == Some("true") {
-                            objects.iter().any(|o| o.get(ENABLED_LABEL).map(String::as_str) != Some("false"))
+                            objects
+                                .iter()
+                                .any(|o| o.get(ENABLED_LABEL).map(String::as_str) != Some("false"))
                         } else {
-                            objects.iter().any(|o| o.get(ENABLED_LABEL).map(String::as_str) == Some("true"))
+                            objects
+                                .iter()
+                                .any(|o| o.get(ENABLED_LABEL).map(String::as_str) == Some("true"))
                         };
                     assert_eq!(first || second, handled, "{what}");
                 }
@@ -710,7 +717,9 @@ pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
     let mut second = webhooks[1].clone();
     assert_eq!(second.name, "workload.confighash.dev");
     second.name.clone_from(&webhook.name);
-    second.namespace_selector.clone_from(&webhook.namespace_selector);
+    second
+        .namespace_selector
+        .clone_from(&webhook.namespace_selector);
     second.object_selector.clone_from(&webhook.object_selector);
     assert_eq!(&second, webhook);
 }
