@@ -1196,3 +1196,20 @@ fn chart_refuses_clusters_older_than_the_minimum() {
 fn dir_path(path: &Path) -> String {
     path.to_str().expect("a UTF-8 path").to_owned()
 }
+
+/// The chart's two webhook entries with `webhook.excludeNamespaces` in the in-memory API server:
+/// each write is sent to the entry its selectors choose, once, and never to both; the excluded
+/// namespaces get neither (tests/common/manifests.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_write_calls_one_webhook_entry_at_most() {
+    let set = set("every flag");
+    let install = set.install();
+    assert_eq!(install.excluded, ["legacy", "sandbox"]);
+    let objects = set.render();
+    let configuration: MutatingWebhookConfiguration = typed(find(
+        &objects,
+        "MutatingWebhookConfiguration",
+        &install.name,
+    ));
+    check_webhook_calls(&configuration, &install).await;
+}

@@ -619,3 +619,13 @@ fn the_network_policy_component_matches_the_deployment() {
         )])
     );
 }
+
+/// deploy/'s two webhook entries in the in-memory API server: each write is sent to the entry
+/// its selectors choose, once, and never to both (tests/common/manifests.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_write_calls_one_webhook_entry_at_most() {
+    let objects = base_objects();
+    let configuration: MutatingWebhookConfiguration =
+        typed(find(&objects, "MutatingWebhookConfiguration", NAME));
+    check_webhook_calls(&configuration, &install()).await;
+}

@@ -1279,3 +1279,38 @@ fn opt_out_label_on_the_pod_template_is_not_an_opt_out() {
     obj["spec"]["template"]["metadata"]["labels"]["confighash.dev/enabled"] = json!("false");
     assert!(!workload_info(WorkloadKind::Deployment, &obj).opted_out);
 }
+
+#[test]
+fn workload_labelled_enabled_true_is_opted_in_and_only_exactly_true() {
+    for kind in WorkloadKind::ALL {
+        let opted_in = workload_json(
+            kind,
+            json!({"app": "web", "confighash.dev/enabled": "true"}),
+        );
+        let info = workload_info(kind, &opted_in);
+        assert!(
+            info.opted_in && !info.opted_out,
+            "{kind} labelled enabled=true"
+        );
+        assert_eq!(rows(&info.refs), expected_workload_refs(), "{kind}");
+
+        for labels in [
+            json!({"confighash.dev/enabled": "false"}),
+            json!({"confighash.dev/enabled": "True"}),
+            json!({"confighash.dev/enabled": "yes"}),
+            json!({"confighash.dev/enabled": ""}),
+            json!({"app": "web"}),
+            json!(null),
+        ] {
+            let obj = workload_json(kind, labels.clone());
+            assert!(
+                !workload_info(kind, &obj).opted_in,
+                "{kind} with labels {labels} is not opted in"
+            );
+        }
+    }
+    // On the pod template the label means nothing.
+    let mut obj = workload_json(WorkloadKind::Deployment, json!({}));
+    obj["spec"]["template"]["metadata"]["labels"]["confighash.dev/enabled"] = json!("true");
+    assert!(!workload_info(WorkloadKind::Deployment, &obj).opted_in);
+}

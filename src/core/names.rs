@@ -2,7 +2,8 @@
 //! cluster. Promises to users: never rename one.
 
 /// Namespace label that opts a namespace in (value `true`); on a workload, value `false` opts
-/// that workload out of a namespace that is opted in.
+/// that workload out of a namespace that is opted in, and value `true` opts that workload in
+/// wherever it is (but in an excluded namespace).
 pub const ENABLED_LABEL: &str = "confighash.dev/enabled";
 /// The stamped annotation on the pod template.
 pub const CHECKSUM_ANNOTATION: &str = "confighash.dev/checksum";

@@ -116,6 +116,9 @@ pub struct WorkloadInfo {
     pub namespace: Option<String>,
     /// Labelled `confighash.dev/enabled=false`.
     pub opted_out: bool,
+    /// Labelled `confighash.dev/enabled=true` (exactly): handled as in an opted-in namespace,
+    /// whatever its namespace's labels, but in an excluded namespace.
+    pub opted_in: bool,
     pub refs: References,
     /// The stamp on the pod template, if any.
     pub stamp: Option<String>,
@@ -144,6 +147,10 @@ pub fn analyze_within(
     }
     let metadata = object_at(obj, &["metadata"])?;
     let labels = string_map(metadata, "metadata", "labels")?;
+    let enabled = labels
+        .as_ref()
+        .and_then(|l| l.get(ENABLED_LABEL))
+        .map(String::as_str);
     let annotations = string_map(metadata, "metadata", "annotations")?;
     let template = template(kind, obj)?.ok_or_else(|| WorkloadError::NoTemplate {
         kind,
@@ -161,7 +168,8 @@ pub fn analyze_within(
         kind,
         name: string_at(metadata, "name"),
         namespace: string_at(metadata, "namespace"),
-        opted_out: labels.is_some_and(|l| l.get(ENABLED_LABEL).is_some_and(|v| v == "false")),
+        opted_out: enabled == Some("false"),
+        opted_in: enabled == Some("true"),
         refs: refs::discover_within(&spec, annotations.as_ref(), max_references),
         stamp: template_annotations.and_then(|mut a| a.remove(CHECKSUM_ANNOTATION)),
         marker: annotations

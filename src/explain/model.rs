@@ -176,6 +176,8 @@ pub struct Explanation {
     pub namespace_info: NamespaceInfo,
     pub webhook: WebhookInfo,
     pub opted_out: bool,
+    /// Labelled `confighash.dev/enabled=true`: handled whether or not its namespace is opted in.
+    pub opted_in: bool,
     pub stamp: StampInfo,
     pub references: Vec<Reference>,
     /// Names in the extra-reference annotations that are not valid object names, left out.
@@ -406,6 +408,7 @@ pub fn explain(facts: &Facts) -> Result<Explanation, NotAWorkload> {
         namespace_info,
         webhook,
         opted_out: info.is_some_and(|i| i.opted_out),
+        opted_in: info.is_some_and(|i| i.opted_in),
         stamp,
         references,
         rejected_references,
@@ -472,7 +475,7 @@ impl Gates<'_> {
                 ),
             ));
         }
-        if self.namespace.opted_in == Some(false) {
+        if self.namespace.opted_in == Some(false) && !info.opted_in {
             return Some((
                 Verdict::NotSelected,
                 if self.webhook.selected == Some(true) {

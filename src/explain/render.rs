@@ -192,6 +192,10 @@ pub fn text(e: &Explanation) -> String {
         "  workload: {}",
         if e.opted_out {
             format!("opted out ({ENABLED_LABEL}=false)")
+        } else if e.opted_in {
+            format!(
+                "opted in ({ENABLED_LABEL}=true): handled whether or not its namespace is opted in"
+            )
         } else {
             "not opted out".to_owned()
         }

@@ -106,6 +106,20 @@ fn installed_webhook() -> MutatingWebhookConfiguration {
                 "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["confighash", "kube-system"]}]
             },
             "objectSelector": {"matchExpressions": [{"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["false"]}]}
+        }, {
+            "name": "workload.confighash.dev",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "clientConfig": {"url": "https://confighash.example/mutate"},
+            "rules": [{"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                       "resources": ["deployments", "statefulsets", "daemonsets"], "scope": "Namespaced"}],
+            "namespaceSelector": {
+                "matchExpressions": [
+                    {"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["true"]},
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["confighash", "kube-system"]}
+                ]
+            },
+            "objectSelector": {"matchLabels": {"confighash.dev/enabled": "true"}}
         }]
     }))
     .unwrap()
@@ -847,4 +861,58 @@ fn a_dry_runs_would_roll_events_are_shown() {
         found.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
         ["WouldRoll"]
     );
+}
+
+#[test]
+fn a_workload_labelled_true_is_selected_in_a_namespace_that_is_not_opted_in() {
+    let stamp = expected(&unstamped());
+    let labelled = |namespace: &str, labels: BTreeMap<String, String>| {
+        let mut f = facts(deployment(
+            json!({"confighash.dev/enabled": "true"}),
+            json!({}),
+            Some(&stamp),
+        ));
+        f.namespace = namespace.into();
+        f.namespace_labels = Read::Found(labels);
+        f
+    };
+    let plain = BTreeMap::from([("kubernetes.io/metadata.name".to_owned(), "shop".to_owned())]);
+    let e = model::explain(&labelled("shop", plain)).unwrap();
+    assert_eq!(e.verdict, Verdict::UpToDate, "{}", e.reason);
+    assert!(e.opted_in && !e.opted_out);
+    assert_eq!(e.namespace_info.opted_in, Some(false));
+    assert_eq!(e.webhook.selected, Some(true));
+    let selected: Vec<(&str, Option<bool>)> = e
+        .webhook
+        .entries
+        .iter()
+        .map(|entry| (entry.name.as_str(), entry.selected))
+        .collect();
+    assert_eq!(
+        selected,
+        [
+            ("stamp.confighash.dev", Some(false)),
+            ("workload.confighash.dev", Some(true))
+        ]
+    );
+    let text = render::text(&e);
+    assert!(
+        text.contains("workload: opted in (confighash.dev/enabled=true)"),
+        "{text}"
+    );
+    assert!(text.contains("namespace shop: not opted in"), "{text}");
+    assert_eq!(
+        serde_json::to_value(&e).unwrap()["optedIn"],
+        json!(true),
+        "in the JSON document"
+    );
+
+    // In kube-system the label counts for nothing.
+    let system = BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_owned(),
+        "kube-system".to_owned(),
+    )]);
+    let e = model::explain(&labelled("kube-system", system)).unwrap();
+    assert_eq!(e.verdict, Verdict::NotSelected, "{}", e.reason);
+    assert_eq!(e.webhook.selected, Some(false));
 }

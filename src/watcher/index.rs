@@ -232,6 +232,9 @@ pub struct WorkloadEntry {
     pub stamp: Option<String>,
     pub marker: bool,
     pub opted_out: bool,
+    /// Labelled `confighash.dev/enabled=true`: handled as in an opted-in namespace wherever it is
+    /// (but in an excluded namespace).
+    pub opted_in: bool,
     /// False for `OnDelete` update strategies and paused Deployments and Rollouts: a new
     /// template does not replace their pods by itself.
     pub rolls_by_itself: bool,
@@ -292,6 +295,7 @@ impl WorkloadEntry {
             stamp: info.stamp,
             marker: info.marker,
             opted_out: info.opted_out,
+            opted_in: info.opted_in,
             rolls_by_itself: !paused && !on_delete,
             resource_version: text("/metadata/resourceVersion"),
             uid: text("/metadata/uid"),
@@ -315,6 +319,7 @@ impl WorkloadEntry {
         if self.too_many_references || self.refs.over_limit() || self.refs.len() > max_references {
             self.too_many_references = true;
             self.opted_out = true;
+            self.opted_in = false;
             self.refs = References::default();
         }
         self
@@ -470,6 +475,16 @@ mod tests {
         assert!(entry.too_many_references);
         assert!(entry.opted_out);
         assert!(entry.refs.is_empty());
+        let mut labelled = deployment(&many);
+        labelled["metadata"]["labels"] =
+            serde_json::json!({crate::core::names::ENABLED_LABEL: "true"});
+        let entry = WorkloadEntry::from_object_within(WorkloadKind::Deployment, &labelled, 256)
+            .unwrap()
+            .unwrap();
+        assert!(
+            entry.opted_out && !entry.opted_in,
+            "frozen, opted in or not"
+        );
 
         let at_limit: Vec<String> = (0..256).map(|i| format!("cm-{i:03}")).collect();
         let entry = WorkloadEntry::from_object_within(

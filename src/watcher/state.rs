@@ -306,6 +306,10 @@ pub struct State {
     /// Namespaces that opted in after being excluded, while their objects are listed.
     backfills: HashMap<String, Backfill>,
     backfill_generation: u64,
+    /// Workloads labelled `confighash.dev/enabled=true`, by namespace (excluded namespaces left
+    /// out): handled wherever they are, so their namespaces' ConfigMaps and Secrets are kept,
+    /// opted in or not.
+    opted_in_workloads: HashMap<String, HashSet<WorkloadKey>>,
     window: ChangeWindow<ConfigKey>,
     window_seen: Option<Instant>,
     pacer: Pacer<WorkloadKey>,
@@ -362,6 +366,7 @@ impl State {
             excluded: HashSet::new(),
             backfills: HashMap::new(),
             backfill_generation: 0,
+            opted_in_workloads: HashMap::new(),
             window_seen: None,
             pending: BTreeMap::new(),
             in_flight: HashMap::new(),
@@ -472,8 +477,8 @@ impl State {
     }
 
     fn config(&mut self, key: ConfigKey, state: Option<StoredConfig>, now: Instant) {
-        if self.excluded.contains(&key.0) {
-            // Not opted in: nothing of it is kept (filtered in memory).
+        if !self.keeps_configs(&key.0) {
+            // Not opted in, nor any workload there: nothing of it is kept (filtered in memory).
             return;
         }
         if let Some(backfill) = self.backfills.get_mut(&key.0) {
@@ -573,7 +578,7 @@ impl State {
                 if self.terminating.contains(&name) {
                     return; // Nothing there is decided on: no list, no comparison.
                 }
-                if was_excluded {
+                if was_excluded && !self.opted_in_workloads.contains_key(&name) {
                     // Its objects were left out: list them; compare once they are in.
                     self.start_backfill(name);
                 } else if self.is_synced() {
@@ -582,6 +587,12 @@ impl State {
             }
             Some((false, _)) => {
                 self.namespaces.remove(&name);
+                if self.opted_in_workloads.contains_key(&name) {
+                    // Workloads there opted in by their label: its objects are still kept (and a
+                    // list in progress goes on); the others are no longer decided on.
+                    self.excluded.insert(name);
+                    return;
+                }
                 self.backfills.remove(&name);
                 self.configs.remove_namespace(&name);
                 self.excluded.insert(name);
@@ -648,7 +659,9 @@ impl State {
                     self.backoff.remove(&key);
                 }
                 self.forget_would_roll_unless_over(&key, &entry.stamp);
+                let opts_in = self.opts_in(&key, &entry);
                 self.workloads.upsert(key.clone(), entry);
+                self.workload_opt_in(&key, opts_in);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
                 // once a window has passed, by reconcile's rules.
@@ -662,6 +675,7 @@ impl State {
                 self.bypassed.remove(&key);
                 self.forget_touches(&key);
                 self.workloads.remove(&key);
+                self.workload_opt_in(&key, false);
             }
             Watched::Relisted(seen) => {
                 for key in self.workloads.keys_of(kind) {
@@ -669,11 +683,66 @@ impl State {
                         self.bypassed.remove(&key);
                         self.forget_touches(&key);
                         self.workloads.remove(&key);
+                        self.workload_opt_in(&key, false);
                     }
                 }
                 self.metrics
                     .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
                 self.listed(Stream::Workloads(kind));
+            }
+        }
+    }
+
+    /// Whether a workload is handled wherever its namespace stands: labelled
+    /// `confighash.dev/enabled=true`, outside the excluded namespaces.
+    fn opts_in(&self, key: &WorkloadKey, entry: &WorkloadEntry) -> bool {
+        entry.opted_in && !self.config.excluded_namespaces.contains(&key.namespace)
+    }
+
+    /// Whether the ConfigMaps and Secrets of a namespace are kept: it is not known to be left
+    /// out (opted in, or not seen yet), or a workload there opted in by its label.
+    fn keeps_configs(&self, namespace: &str) -> bool {
+        !self.excluded.contains(namespace) || self.opted_in_workloads.contains_key(namespace)
+    }
+
+    /// Records whether a workload is opted in by its label, and keeps its namespace's
+    /// ConfigMaps and Secrets while one is: the first such workload of a namespace whose objects
+    /// were left out has them listed (the namespace's workloads are decided once they are in),
+    /// and once the last is gone (deleted, or relabelled) from a namespace that is not opted in
+    /// they are dropped.
+    fn workload_opt_in(&mut self, key: &WorkloadKey, opted_in: bool) {
+        let namespace = &key.namespace;
+        if opted_in {
+            let workloads = self
+                .opted_in_workloads
+                .entry(namespace.clone())
+                .or_default();
+            if !workloads.insert(key.clone()) || workloads.len() > 1 {
+                return;
+            }
+            if self.excluded.contains(namespace)
+                && !self.terminating.contains(namespace)
+                && !self.backfills.contains_key(namespace)
+            {
+                tracing::info!(workload = %key, "a workload opted in by its label: listing the ConfigMaps and Secrets of its namespace");
+                self.start_backfill(namespace.clone());
+            }
+        } else {
+            let Some(workloads) = self.opted_in_workloads.get_mut(namespace) else {
+                return;
+            };
+            if !workloads.remove(key) || !workloads.is_empty() {
+                return;
+            }
+            self.opted_in_workloads.remove(namespace);
+            if self.excluded.contains(namespace) {
+                tracing::info!(
+                    namespace,
+                    "no workload there is opted in any more: its ConfigMaps and Secrets are no longer kept"
+                );
+                self.backfills.remove(namespace);
+                self.configs.remove_namespace(namespace);
+                self.count_all_configs();
             }
         }
     }
@@ -753,7 +822,9 @@ impl State {
 
     /// Counts a workload that did not pass through the webhook: created in an opted-in
     /// namespace after the watcher started and the namespace opted in (with [`BYPASS_GRACE`]),
-    /// not opted out, and carrying neither a stamp nor the unstamped marker. Each uid once.
+    /// or labelled `confighash.dev/enabled=true` when first seen and created after the watcher
+    /// started, not opted out, and carrying neither a stamp nor the unstamped marker. Each uid
+    /// once.
     fn count_if_bypassed(&mut self, key: &WorkloadKey, entry: &WorkloadEntry) {
         if self.config.dry_run {
             // A dry run's webhook stamps nothing: every new workload would count.
@@ -765,8 +836,13 @@ impl State {
         if entry.stamp.is_some() || entry.marker || entry.opted_out || entry.uid.is_empty() {
             return;
         }
-        let (Some(&opted_in), Some(created)) = (self.namespaces.get(&key.namespace), entry.created)
-        else {
+        let opted_in = self.namespaces.get(&key.namespace).copied().or_else(|| {
+            // Opted in by its own label when first seen: the webhook was called for its CREATE.
+            // (A workload seen before the label was added was not stamped by the write that
+            // added it, and is not counted.)
+            (self.opts_in(key, entry) && self.workloads.get(key).is_none()).then_some(self.started)
+        });
+        let (Some(opted_in), Some(created)) = (opted_in, entry.created) else {
             return;
         };
         if self.bypassed.get(key) == Some(&entry.uid) {
@@ -779,7 +855,7 @@ impl State {
         }
         self.bypassed.insert(key.clone(), entry.uid.clone());
         self.metrics.workload_bypassed();
-        tracing::warn!(workload = %key, "a workload in an opted-in namespace carries neither a stamp nor the unstamped marker: the API server did not call the webhook when it was written");
+        tracing::warn!(workload = %key, "an opted-in workload carries neither a stamp nor the unstamped marker: the API server did not call the webhook when it was written");
     }
 
     // ----- changes and decisions -----
@@ -843,7 +919,7 @@ impl State {
     /// should not be touched.
     fn decide(&self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
         let entry = self.workloads.get(key)?;
-        if !self.namespaces.contains_key(&key.namespace)
+        if !(self.namespaces.contains_key(&key.namespace) || self.opts_in(key, entry))
             || self.backfills.contains_key(&key.namespace)
             || self.terminating.contains(&key.namespace)
         {

@@ -569,7 +569,10 @@ impl Webhook {
             .await
     }
 
-    /// [`Self::decide`] for a workload review whose namespace and name were checked.
+    /// [`Self::decide`] for a workload review whose namespace and name were checked. Whether the
+    /// namespace is opted in, or the workload by its own `confighash.dev/enabled=true`, is the API
+    /// server's to decide (the webhook entries' selectors): the labels a review shows are the
+    /// sender's word and are not checked here.
     async fn decide_workload(
         &self,
         request: &Request,

@@ -521,12 +521,15 @@ fn namespace_labels(name: &str, labels: &[(&str, &str)]) -> BTreeMap<String, Str
 }
 
 /// The webhook matches opted-in namespaces only, never the installation's own, `kube-system` or
-/// the excluded ones, and leaves workloads labelled `confighash.dev/enabled=false` alone.
+/// the excluded ones, and leaves workloads labelled `confighash.dev/enabled=false` alone; its
+/// second entry matches workloads labelled `confighash.dev/enabled=true` in the namespaces the
+/// first does not match, but the excluded ones, so no write is sent to both.
 pub fn check_webhook_selects(objects: &[Value], install: &Install) {
     let configuration: MutatingWebhookConfiguration =
         typed(find(objects, "MutatingWebhookConfiguration", &install.name));
-    assert_eq!(configuration.webhooks.as_ref().map(Vec::len), Some(1));
-    let webhook = &configuration.webhooks.unwrap()[0];
+    assert_eq!(configuration.webhooks.as_ref().map(Vec::len), Some(2));
+    let webhooks = configuration.webhooks.unwrap();
+    let webhook = &webhooks[0];
     let selector = |s: &Option<_>| {
         let value = serde_json::to_value(s).unwrap();
         LabelSelector::from_object(&value).expect("a valid selector")
@@ -561,6 +564,80 @@ pub fn check_webhook_selects(objects: &[Value], install: &Install) {
     assert!(objects_selector.matches(&labels(&[("app", "web")])));
     assert!(objects_selector.matches(&labels(&[(ENABLED_LABEL, "true")])));
     assert!(!objects_selector.matches(&labels(&[(ENABLED_LABEL, "false")])));
+
+    // The second entry: workloads labelled exactly `true`, in every namespace the first does not
+    // select for the label (absent, or any other value), never the excluded ones.
+    let second = &webhooks[1];
+    assert_eq!(second.name, "workload.confighash.dev");
+    let second_namespaces = selector(&second.namespace_selector);
+    let second_objects = selector(&second.object_selector);
+    for plain in [
+        vec![],
+        vec![(ENABLED_LABEL, "false")],
+        vec![(ENABLED_LABEL, "True")],
+        vec![(ENABLED_LABEL, "")],
+        vec![("x", "y")],
+    ] {
+        assert!(
+            second_namespaces.matches(&namespace(APP, &plain)),
+            "{plain:?}"
+        );
+    }
+    assert!(!second_namespaces.matches(&namespace(APP, &opted_in)));
+    assert!(second_objects.matches(&labels(&[(ENABLED_LABEL, "true"), ("app", "web")])));
+    for other in [
+        vec![],
+        vec![(ENABLED_LABEL, "false")],
+        vec![(ENABLED_LABEL, "True")],
+        vec![("app", "web")],
+    ] {
+        assert!(!second_objects.matches(&labels(&other)), "{other:?}");
+    }
+
+    // Every write, as the API server matches it: an entry is called when its namespaceSelector
+    // selects the namespace and its objectSelector the new object or (UPDATE) the old one. No
+    // write is sent to both entries, and one is sent exactly when confighash handles it.
+    let never: Vec<&str> = [install.namespace.as_str(), "kube-system"]
+        .into_iter()
+        .chain(install.excluded.iter().map(String::as_str))
+        .collect();
+    let values = [None, Some("true"), Some("false"), Some("True"), Some("")];
+    let with = |value: Option<&'static str>| -> Vec<(&'static str, &'static str)> {
+        value.map(|v| vec![(ENABLED_LABEL, v)]).unwrap_or_default()
+    };
+    for name in std::iter::once(APP).chain(never.iter().copied()) {
+        for ns_value in values {
+            let ns = namespace(name, &with(ns_value));
+            // `None` for the old object: a CREATE.
+            for old in std::iter::once(None).chain(values.map(Some)) {
+                for new in values {
+                    let objects: Vec<BTreeMap<String, String>> = old
+                        .into_iter()
+                        .chain([new])
+                        .map(|v| labels(&with(v)))
+                        .collect();
+                    let called = |ns_sel: &LabelSelector, obj_sel: &LabelSelector| {
+                        ns_sel.matches(&ns) && objects.iter().any(|o| obj_sel.matches(o))
+                    };
+                    let first = called(&namespaces, &objects_selector);
+                    let second = called(&second_namespaces, &second_objects);
+                    let what = format!("namespace {name} {ns_value:?}, old {old:?}, new {new:?}");
+                    assert!(!(first && second), "{what}: sent to both entries");
+                    let handled = !never.contains(&name)
+                        && if ns_value == Some("true") {
+                            objects
+                                .iter()
+                                .any(|o| o.get(ENABLED_LABEL).map(String::as_str) != Some("false"))
+                        } else {
+                            objects
+                                .iter()
+                                .any(|o| o.get(ENABLED_LABEL).map(String::as_str) == Some("true"))
+                        };
+                    assert_eq!(first || second, handled, "{what}");
+                }
+            }
+        }
+    }
 }
 
 /// The webhook names exactly the kinds the code stamps, never blocks a deploy, and reaches the
@@ -568,7 +645,8 @@ pub fn check_webhook_selects(objects: &[Value], install: &Install) {
 pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
     let configuration: MutatingWebhookConfiguration =
         typed(find(objects, "MutatingWebhookConfiguration", &install.name));
-    let webhook = &configuration.webhooks.unwrap()[0];
+    let webhooks = configuration.webhooks.unwrap();
+    let webhook = &webhooks[0];
     assert_eq!(webhook.name, "stamp.confighash.dev");
     assert_eq!(webhook.failure_policy.as_deref(), Some("Ignore"));
     assert_eq!(webhook.side_effects, "None");
@@ -632,6 +710,18 @@ pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
     assert_eq!(port.port, 443);
     let container_port = container_port(objects, install, port.target_port.as_ref().unwrap());
     assert_eq!(container_port, 8443);
+
+    // The entry for workloads opted in by their own label is the first but for its name and
+    // selectors: the same kinds, Service, timeout and policies.
+    assert_eq!(webhooks.len(), 2);
+    let mut second = webhooks[1].clone();
+    assert_eq!(second.name, "workload.confighash.dev");
+    second.name.clone_from(&webhook.name);
+    second
+        .namespace_selector
+        .clone_from(&webhook.namespace_selector);
+    second.object_selector.clone_from(&webhook.object_selector);
+    assert_eq!(&second, webhook);
 }
 
 // ----- the Deployment -----
@@ -1539,4 +1629,153 @@ pub async fn run_code_under_rbac(
         Err(kube::Error::Api(s)) if s.code == 403 => {}
         other => panic!("expected 403 Forbidden, got {other:?}"),
     }
+}
+
+// ----- which entry the API server calls -----
+
+/// The installation's webhook configuration in the in-memory API server (its admission
+/// evaluates namespaceSelector and objectSelector as kube-apiserver does), each entry pointed at
+/// a webhook that changes nothing: every write, CREATE or UPDATE (a merge patch), calls exactly
+/// the entries it should, counted per entry, and never both. An UPDATE that adds or removes a
+/// label is matched on the old object and the new one.
+pub async fn check_webhook_calls(configuration: &MutatingWebhookConfiguration, install: &Install) {
+    const STAMP: &str = "stamp.confighash.dev";
+    const WORKLOAD: &str = "workload.confighash.dev";
+    let hook = apiserver::TestWebhook::start(|_| json!({"allowed": true})).await;
+    let mut configuration = serde_json::to_value(configuration).unwrap();
+    for entry in configuration["webhooks"].as_array_mut().unwrap() {
+        entry["clientConfig"] = json!({"url": hook.url, "caBundle": hook.certs.ca_bundle()});
+    }
+    let server = ApiServer::start().await;
+    let admin = server.client();
+    Api::<MutatingWebhookConfiguration>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(configuration).unwrap(),
+        )
+        .await
+        .expect("the webhook configuration is accepted");
+
+    // Writes one workload and returns the entries called, in order.
+    let write = async |ns: &str, name: &str, labels: Value| -> Vec<String> {
+        let before = server.webhook_calls().len();
+        let deploys: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+        if deploys.get_opt(name).await.unwrap().is_some() {
+            let patch = json!({"metadata": {"labels": labels}});
+            deploys
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("workload updated");
+        } else {
+            let mut labels = labels;
+            labels["app"] = json!("web");
+            let d: Deployment = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": "nginx"}]},
+                    },
+                },
+            }))
+            .unwrap();
+            deploys
+                .create(&PostParams::default(), &d)
+                .await
+                .expect("workload created");
+        }
+        server.webhook_calls()[before..]
+            .iter()
+            .map(|c| {
+                assert_eq!(c.configuration, install.name);
+                c.webhook.clone()
+            })
+            .collect()
+    };
+    let set = |value: &str| json!({ENABLED_LABEL: value});
+    let unset = || json!({ENABLED_LABEL: null});
+    let other = |n: u32| json!({"touched": n.to_string()});
+
+    // An opted-in namespace: the first entry, for everything not labelled false (old or new).
+    create_namespace(&admin, APP, &[(ENABLED_LABEL, "true")]).await;
+    let steps: [(&str, Value, &[&str]); 10] = [
+        ("plain", json!({}), &[STAMP]),
+        ("labelled", set("true"), &[STAMP]),
+        ("out", set("false"), &[]),
+        ("plain", set("true"), &[STAMP]),
+        ("labelled", set("false"), &[STAMP]),
+        ("labelled", other(1), &[]),
+        ("out", unset(), &[STAMP]),
+        ("out", set("false"), &[STAMP]),
+        ("out", other(2), &[]),
+        ("plain", unset(), &[STAMP]),
+    ];
+    for (i, (name, labels, expected)) in steps.into_iter().enumerate() {
+        let called = write(APP, name, labels.clone()).await;
+        assert_eq!(called, expected, "{APP} step {i}: {name} {labels}");
+    }
+
+    // Namespaces not opted in (no label, or another value): the second entry, for workloads
+    // labelled true (old or new), so once per write.
+    for (ns, ns_labels) in [
+        ("plain", vec![]),
+        ("off", vec![(ENABLED_LABEL, "false")]),
+        ("capital", vec![(ENABLED_LABEL, "True")]),
+    ] {
+        create_namespace(&admin, ns, &ns_labels).await;
+        let steps: [(&str, Value, &[&str]); 11] = [
+            ("plain", json!({}), &[]),
+            ("labelled", set("true"), &[WORKLOAD]),
+            ("out", set("false"), &[]),
+            ("labelled", other(1), &[WORKLOAD]),
+            ("plain", set("true"), &[WORKLOAD]),
+            ("plain", unset(), &[WORKLOAD]),
+            ("plain", other(2), &[]),
+            ("labelled", set("false"), &[WORKLOAD]),
+            ("labelled", other(3), &[]),
+            ("out", set("true"), &[WORKLOAD]),
+            ("out", set("True"), &[WORKLOAD]),
+        ];
+        for (i, (name, labels, expected)) in steps.into_iter().enumerate() {
+            let called = write(ns, name, labels.clone()).await;
+            assert_eq!(called, expected, "{ns} step {i}: {name} {labels}");
+        }
+    }
+
+    // The excluded namespaces, opted in or not: neither entry, whatever the workload says.
+    let excluded = [install.namespace.as_str(), "kube-system"]
+        .into_iter()
+        .chain(install.excluded.iter().map(String::as_str));
+    for ns in excluded {
+        let namespaces: Api<Namespace> = Api::all(admin.clone());
+        if namespaces.get_opt(ns).await.unwrap().is_none() {
+            create_namespace(&admin, ns, &[]).await;
+        }
+        for (ns_label, round) in [(json!("true"), 0), (Value::Null, 1), (json!("false"), 2)] {
+            let patch = json!({"metadata": {"labels": {ENABLED_LABEL: ns_label}}});
+            namespaces
+                .patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+            for (name, labels) in [
+                (format!("plain-{round}"), json!({})),
+                (format!("labelled-{round}"), set("true")),
+                (format!("plain-{round}"), set("true")),
+                (format!("labelled-{round}"), unset()),
+                (format!("labelled-{round}"), set("false")),
+            ] {
+                let called = write(ns, &name, labels.clone()).await;
+                assert!(
+                    called.is_empty(),
+                    "excluded {ns} (label {ns_label}): {name} {labels} called {called:?}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        hook.calls(),
+        server.webhook_calls().len(),
+        "every call counted reached the webhook"
+    );
 }

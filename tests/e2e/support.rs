@@ -376,10 +376,14 @@ impl Env {
         self.start_webhook().await;
     }
 
-    /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does.
+    /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does: the entry for
+    /// opted-in namespaces, and the entry for workloads labelled `confighash.dev/enabled=true`
+    /// in the other namespaces but the excluded ones.
     pub async fn register_webhook(&self, failure_policy: &str) {
         self.in_process("registering the in-process webhook");
         let ca = &self.certs.as_ref().unwrap().ca_pem;
+        let mut excluded: Vec<&String> = self.config.excluded_namespaces.iter().collect();
+        excluded.sort();
         let configuration: MutatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": "confighash"},
             "webhooks": [{
@@ -395,6 +399,27 @@ impl Env {
                 ],
                 "namespaceSelector": {"matchLabels": {"confighash.dev/enabled": "true"}},
                 "objectSelector": {"matchExpressions": [{"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["false"]}]},
+                "failurePolicy": failure_policy,
+                "sideEffects": "None",
+                "timeoutSeconds": 5,
+                "reinvocationPolicy": "IfNeeded",
+                "admissionReviewVersions": ["v1"]
+            }, {
+                "name": "workload.confighash.dev",
+                "clientConfig": {"url": self.webhook_url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
+                "rules": [
+                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["deployments", "statefulsets", "daemonsets"], "scope": "Namespaced"},
+                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["cronjobs"], "scope": "Namespaced"},
+                    {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                     "resources": ["rollouts"], "scope": "Namespaced"}
+                ],
+                "namespaceSelector": {"matchExpressions": [
+                    {"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["true"]},
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}
+                ]},
+                "objectSelector": {"matchLabels": {"confighash.dev/enabled": "true"}},
                 "failurePolicy": failure_policy,
                 "sideEffects": "None",
                 "timeoutSeconds": 5,
