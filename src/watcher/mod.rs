@@ -17,6 +17,7 @@ pub mod index;
 pub mod leader;
 pub mod memory;
 pub mod pace;
+pub mod rollout;
 mod run;
 pub mod state;
 
