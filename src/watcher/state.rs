@@ -28,6 +28,9 @@ use crate::watcher::index::{
 };
 use crate::watcher::pace::{ChangeWindow, Pacer, Wait};
 
+mod follow;
+pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
+
 /// Global token bucket burst.
 pub const TOUCH_BURST: u32 = 20;
 /// The reason of the Warning Event on a workload over `--max-references`.
@@ -75,6 +78,9 @@ pub struct WatcherConfig {
     /// (`confighash_workloads_bypassed_total`) when created this long after the watcher started
     /// and their namespace opted in; `None` counts none.
     pub bypass_grace: Option<Duration>,
+    /// `--rollout-timeout`: a StatefulSet or DaemonSet whose rollout after a config change is not
+    /// complete this long after its touch gets a `RolloutStalled` Event.
+    pub rollout_timeout: Duration,
 }
 
 impl Default for WatcherConfig {
@@ -91,6 +97,7 @@ impl Default for WatcherConfig {
             max_references: crate::webhook::admission::DEFAULT_MAX_REFERENCES,
             excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
             bypass_grace: Some(BYPASS_GRACE),
+            rollout_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -271,6 +278,8 @@ struct InFlight {
     uid: String,
     rolls_by_itself: bool,
     pending: Pending,
+    /// What the watch showed of the workload meanwhile, to judge its rollout from.
+    watched: Option<follow::Watched>,
 }
 
 /// Everything the watcher knows and decides.
@@ -313,6 +322,8 @@ pub struct State {
     backoff: HashMap<WorkloadKey, Backoff>,
     /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
     terminating: HashSet<String>,
+    /// The rollouts after config changes the leader follows ([`follow`]).
+    following: HashMap<WorkloadKey, follow::Following>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
 }
@@ -352,6 +363,7 @@ impl State {
             touch_failed_at: HashMap::new(),
             backoff: HashMap::new(),
             terminating: HashSet::new(),
+            following: HashMap::new(),
             effects: Vec::new(),
         }
     }
@@ -378,6 +390,8 @@ impl State {
             .iter()
             .filter_map(|(k, p)| self.due_at(k, p))
             .min();
+        // The deadline of a followed rollout wakes it too.
+        let pending = pending.into_iter().chain(self.next_follow_deadline()).min();
         [self.window.closes_at(), pending, self.next_resync]
             .into_iter()
             .flatten()
@@ -408,6 +422,7 @@ impl State {
         self.tick(now);
         self.metrics
             .set_touches(self.pending.len(), self.in_flight.len());
+        self.metrics.set_rollouts_followed(self.following.len());
         std::mem::take(&mut self.effects)
     }
 
@@ -583,6 +598,7 @@ impl State {
         let before = self.pending.len();
         self.pending.retain(|k, _| k.namespace != namespace);
         self.backoff.retain(|k, _| k.namespace != namespace);
+        self.stop_following_all("gone", |k| k.namespace == namespace);
         tracing::info!(
             namespace,
             dropped = before - self.pending.len(),
@@ -615,6 +631,7 @@ impl State {
                     // (another touch's, or an update the webhook stamped).
                     self.backoff.remove(&key);
                 }
+                self.follow_watched(&key, &entry, now);
                 self.workloads.upsert(key.clone(), entry);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
@@ -650,6 +667,7 @@ impl State {
         self.touch_failed_at.remove(key);
         self.pending.remove(key);
         self.backoff.remove(key);
+        self.stop_following(key, "gone");
     }
 
     /// A watch's list is in (or there is nothing to list).
@@ -669,6 +687,10 @@ impl State {
         }
         self.leader = leader;
         self.metrics.set_leader(leader);
+        if !leader {
+            // A new leader does not know what this one followed.
+            self.stop_following_all("abandoned", |_| true);
+        }
         if leader && self.is_synced() {
             // A new leader compares everything: changes may have passed while another replica
             // led, or none did.
@@ -798,6 +820,7 @@ impl State {
             self.window_closed(changes, seen, now);
         }
         self.touch_due(now);
+        self.follow_due(now);
         self.pacer.forget_old(now);
     }
 
@@ -959,6 +982,7 @@ impl State {
             uid: entry.uid.clone(),
             rolls_by_itself: entry.rolls_by_itself,
             pending,
+            watched: None,
         };
         self.in_flight.insert(key, in_flight);
     }
@@ -982,6 +1006,7 @@ impl State {
                     &touch.pending.changed,
                     touch.rolls_by_itself,
                 ));
+                self.follow(&key, &touch, stamp.as_deref(), now);
             }
             TouchResult::Patched(_) => {
                 // The webhook turned the touch back: its lookup failed, it may not read the
