@@ -279,7 +279,7 @@ struct InFlight {
     rolls_by_itself: bool,
     pending: Pending,
     /// What the watch showed of the workload meanwhile, to judge its rollout from.
-    watched: Option<follow::Watched>,
+    watched: Option<follow::WatchedInFlight>,
 }
 
 /// Everything the watcher knows and decides.

@@ -63,7 +63,7 @@ pub(super) struct Following {
 /// What a touch in flight has seen of its workload on the watch: the last event's stamp and
 /// rollout, to judge the rollout from once the touch's result is in (the events of the write and
 /// of the controller's work may come before it).
-pub(super) type Watched = (Option<String>, Option<Progress>);
+pub(super) type WatchedInFlight = (Option<String>, Option<Progress>);
 
 impl State {
     /// A touch took: follows its rollout, if a config change caused it and the workload's pods
