@@ -300,7 +300,8 @@ fn config_map(ns: usize, k: usize) -> ConfigMap {
 }
 
 /// Deployment `k` of a namespace references two ConfigMaps (envFrom, volume) and two Secrets
-/// (envFrom, one key) of its namespace.
+/// (envFrom, one key) of its namespace. It carries the status its controller writes once rolled
+/// out (the stand-in keeps it), so the watcher reads where its rollout stands as in a cluster.
 fn deployment(scale: &Scale, k: usize) -> Deployment {
     let cm_a = format!("cm-{}", (2 * k) % scale.cms_per_ns);
     let cm_b = format!("cm-{}", (2 * k + 1) % scale.cms_per_ns);
@@ -331,6 +332,20 @@ fn deployment(scale: &Scale, k: usize) -> Deployment {
                     "volumes": [{"name": "config", "configMap": {"name": cm_b}}]
                 }
             }
+        },
+        "status": {
+            "observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+            "availableReplicas": 2,
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable",
+                 "message": "Deployment has minimum availability.",
+                 "lastUpdateTime": "2026-01-01T00:00:00Z",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable",
+                 "message": format!("ReplicaSet \"{name}-7d9f8b6c5\" has successfully progressed."),
+                 "lastUpdateTime": "2026-01-01T00:00:00Z",
+                 "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ]
         }
     });
     serde_json::from_value(v).expect("a valid Deployment")

@@ -168,6 +168,9 @@ pub struct WatcherSettings {
     /// How long after start (and after its namespace opted in) a workload seen without stamp or
     /// marker counts as bypassed; `None` counts none.
     pub bypass_grace: Option<Duration>,
+    /// How long a StatefulSet's or DaemonSet's rollout after a config change may take before it
+    /// is reported stalled (`--rollout-timeout`).
+    pub rollout_timeout: Duration,
 }
 
 /// Leader election among replicas.
@@ -228,6 +231,7 @@ impl Default for WatcherSettings {
             kind_recheck: defaults.kind_recheck,
             retry_base: defaults.retry_base,
             bypass_grace: defaults.bypass_grace,
+            rollout_timeout: defaults.rollout_timeout,
         }
     }
 }
@@ -478,6 +482,7 @@ impl App {
             kind_recheck: watcher.kind_recheck,
             retry_base: watcher.retry_base,
             bypass_grace: watcher.bypass_grace,
+            rollout_timeout: watcher.rollout_timeout,
             identity: identity(config),
             max_references: config.max_references,
             excluded_namespaces: excluded_namespaces(config, namespace)

@@ -248,6 +248,11 @@ pub struct ServeArgs {
     /// Cluster-wide bound on workload touches (burst 20).
     #[arg(long, env = "CONFIGHASH_MAX_TOUCHES_PER_SECOND", value_name = "N", default_value = "5", value_parser = parse_rate)]
     pub max_touches_per_second: f64,
+    /// How long a StatefulSet's or DaemonSet's rollout after a config change may take before a
+    /// Warning Event `RolloutStalled` says so (Deployments and Argo Rollouts are judged by their
+    /// own progress deadline).
+    #[arg(long, env = "CONFIGHASH_ROLLOUT_TIMEOUT", value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
+    pub rollout_timeout: Duration,
     /// Roll workloads when a required ConfigMap or Secret is deleted (by default the stamp is
     /// kept: new pods could not start anyway).
     #[arg(long, env = "CONFIGHASH_ROLL_ON_DELETE")]
@@ -354,6 +359,7 @@ impl ServeArgs {
                 debounce: self.debounce,
                 resync: self.resync,
                 max_touches_per_second: self.max_touches_per_second,
+                rollout_timeout: self.rollout_timeout,
                 ..WatcherSettings::default()
             },
             leader_election: LeaderElection {
@@ -656,6 +662,7 @@ mod tests {
             "--debounce=1s",
             "--resync=2m",
             "--max-touches-per-second=0.5",
+            "--rollout-timeout=15m",
             "--roll-on-delete",
             "--stamp-existing",
             "--leader-elect=true",
@@ -689,6 +696,7 @@ mod tests {
                     debounce: Duration::from_secs(1),
                     resync: Duration::from_secs(120),
                     max_touches_per_second: 0.5,
+                    rollout_timeout: Duration::from_secs(900),
                     ..WatcherSettings::default()
                 },
                 leader_election: LeaderElection {

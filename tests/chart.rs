@@ -268,6 +268,7 @@ watcher:
   debounce: 10s
   resync: 1h30m
   maxTouchesPerSecond: 2.5
+  rolloutTimeout: 15m
   rollOnDelete: true
   stampExisting: true
 log:
@@ -678,6 +679,7 @@ fn check_every_flag(objects: &[Value], install: &Install, serve: &ServeArgs, pen
     assert_eq!(serve.debounce, Duration::from_secs(10));
     assert_eq!(serve.resync, Duration::from_secs(90 * 60));
     assert_eq!(serve.max_touches_per_second, 2.5);
+    assert_eq!(serve.rollout_timeout, Duration::from_secs(15 * 60));
     assert!(serve.roll_on_delete);
     assert!(serve.stamp_existing);
     assert!(serve.dry_run);
@@ -802,6 +804,7 @@ fn chart_refuses_values_that_would_not_work() {
             "excludeNamespaces",
         ),
         ("watcher:\n  debounce: 5 seconds\n", "debounce"),
+        ("watcher:\n  rolloutTimeout: 10\n", "rolloutTimeout"),
         (
             "watcher:\n  maxTouchesPerSecond: 0\n",
             "maxTouchesPerSecond",
@@ -1101,6 +1104,7 @@ fn the_monitoring_kit_uses_exported_metrics() {
             "ConfighashCertificateExpiring",
             "ConfighashWebhookErrors",
             "ConfighashWebhookBypassed",
+            "ConfighashRolloutsStalled",
         ])
     );
     let dashboard: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
@@ -1115,6 +1119,8 @@ fn the_monitoring_kit_uses_exported_metrics() {
         "Touches by outcome",
         "Config changes seen",
         "Rollouts caused",
+        "Rollout outcomes",
+        "Change to rollout complete",
         "Objects in the index",
         "Leader",
     ] {

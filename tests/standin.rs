@@ -2014,3 +2014,138 @@ async fn a_create_a_lagging_view_lets_into_a_terminating_namespace_is_deleted_wi
         .unwrap_err();
     assert_eq!(api_code(err), 404);
 }
+
+/// The status subresource, as a workload's controller uses it: a write of `.../status` changes
+/// `status` only (spec, metadata and generation stay), bumps the resourceVersion and reaches
+/// watches as MODIFIED; a write of the main resource keeps the stored status.
+#[tokio::test]
+async fn the_status_subresource_writes_status_and_nothing_else() {
+    let server = ApiServer::start().await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let deploys: Api<Deployment> = Api::namespaced(client.clone(), "ns");
+    let created = deploys
+        .create(&PostParams::default(), &deployment("web"))
+        .await
+        .unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    let rv = server.resource_version().to_string();
+    let mut stream = deploys
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+
+    // PUT: the body's status, and nothing else of it.
+    let mut body = created.clone();
+    body.status =
+        Some(serde_json::from_value(json!({"observedGeneration": 1, "replicas": 1})).unwrap());
+    body.spec.as_mut().unwrap().replicas = Some(9);
+    body.metadata.labels = Some(BTreeMap::from([("app".into(), "other".into())]));
+    let replaced = deploys
+        .replace_status("web", &PostParams::default(), &body)
+        .await
+        .unwrap();
+    let status = replaced.status.clone().unwrap();
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.replicas, Some(1));
+    assert_eq!(replaced.spec, created.spec, "the spec is not written");
+    assert_eq!(replaced.metadata.labels, created.metadata.labels);
+    assert_eq!(replaced.metadata.generation, Some(1), "no new generation");
+    let rv1: u64 = replaced.resource_version().unwrap().parse().unwrap();
+    assert!(rv1 > rv.parse().unwrap(), "a new resourceVersion");
+    match tokio::time::timeout(DEADLINE, stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Some(WatchEvent::Modified(d)) => {
+            assert_eq!(d.resource_version(), replaced.resource_version());
+            assert_eq!(d.status.unwrap().replicas, Some(1));
+        }
+        other => panic!("expected MODIFIED, got {other:?}"),
+    }
+
+    // PATCH (merge): patches the status; what it says of the spec is dropped.
+    let patched = deploys
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5},
+                "status": {"updatedReplicas": 1, "availableReplicas": 1}})),
+        )
+        .await
+        .unwrap();
+    let status = patched.status.clone().unwrap();
+    assert_eq!(
+        (
+            status.replicas,
+            status.updated_replicas,
+            status.available_replicas
+        ),
+        (Some(1), Some(1), Some(1))
+    );
+    assert_eq!(patched.spec, created.spec);
+    // The same again stores nothing.
+    let rv2 = server.resource_version();
+    deploys
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"updatedReplicas": 1}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(server.resource_version(), rv2);
+    // GET returns the object.
+    assert_eq!(
+        deploys.get_status("web").await.unwrap().status,
+        patched.status
+    );
+    // A stale resourceVersion conflicts.
+    let err = deploys
+        .replace_status("web", &PostParams::default(), &body)
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(err), 409);
+
+    // A write of the main resource keeps the status, and the status subresource keeps the
+    // generation the spec change bumped.
+    let updated = deploys
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}, "status": {"replicas": 7}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        updated.status, patched.status,
+        "status left to the subresource"
+    );
+    assert_eq!(updated.metadata.generation, Some(2));
+    let observed = deploys
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"observedGeneration": 2}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(observed.metadata.generation, Some(2));
+    assert_eq!(observed.spec.unwrap().replicas, Some(2));
+
+    // RBAC names it `deployments/status`; objects that are not there, and kinds without it, 404.
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|(verb, resource)| verb == "patch" && resource == "deployments/status")
+    );
+    assert_eq!(api_code(deploys.get_status("nope").await.unwrap_err()), 404);
+    let cms: Api<ConfigMap> = Api::namespaced(client, "ns");
+    cms.create(&PostParams::default(), &config_map("c", &[]))
+        .await
+        .unwrap();
+    assert_eq!(api_code(cms.get_status("c").await.unwrap_err()), 404);
+}

@@ -46,6 +46,11 @@ pub const REQUEST_FAILURE_OUTCOMES: [&str; 3] = ["bad-request", "busy", "timeout
 pub const LOOKUP_OUTCOMES: [&str; 4] = ["found", "absent", "error", "deadline"];
 /// Outcomes of workload touches.
 pub const TOUCH_OUTCOMES: [&str; 5] = ["touched", "kept-by-webhook", "error", "gone", "would-roll"];
+/// How followed rollouts ended: `complete` and `stalled` (each with its Event), `gone` (the
+/// workload or its namespace was deleted), `superseded` (its template was written again, by a
+/// newer touch or an update), `abandoned` (this replica stopped leading, the workload was paused,
+/// or its controller reported nothing in time).
+pub const ROLLOUT_OUTCOMES: [&str; 5] = ["complete", "stalled", "gone", "superseded", "abandoned"];
 
 /// Every (kind, operation, outcome) a review can be counted with: the rules' outcomes and the
 /// too-many-references outcome for each workload kind and operation, skipped reviews of other
@@ -120,6 +125,9 @@ pub struct Metrics {
     touches_pending: Gauge,
     touches_in_flight: Gauge,
     dry_run: Family<RequestLabels, Counter>,
+    rollouts: Family<OutcomeLabels, Counter>,
+    rollouts_followed: Gauge,
+    rollout_latency: Histogram,
 }
 
 impl Default for Metrics {
@@ -263,6 +271,26 @@ impl Metrics {
              workload kind, operation and the outcome that patch was for",
             dry_run.clone(),
         );
+        let rollouts = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "rollouts",
+            "Rollouts after config changes the leader followed, by how they ended (complete, \
+             stalled, gone, superseded, abandoned)",
+            rollouts.clone(),
+        );
+        let rollouts_followed = Gauge::default();
+        registry.register(
+            "rollouts_followed",
+            "Rollouts after config changes the leader follows now",
+            rollouts_followed.clone(),
+        );
+        // 1 s to about 2.3 h.
+        let rollout_latency = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register(
+            "config_change_to_rollout_complete_seconds",
+            "From a config change seen on the watch to the rollout it caused reported complete",
+            rollout_latency.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         registry.register(
             "build_info",
@@ -300,11 +328,17 @@ impl Metrics {
         for outcome in TOUCH_OUTCOMES {
             let _ = touches.get_or_create(&OutcomeLabels { outcome });
         }
+        for outcome in ROLLOUT_OUTCOMES {
+            let _ = rollouts.get_or_create(&OutcomeLabels { outcome });
+        }
         Metrics {
             registry,
             bypassed,
             touches_pending,
             touches_in_flight,
+            rollouts,
+            rollouts_followed,
+            rollout_latency,
             watched,
             synced,
             leader,
@@ -511,6 +545,37 @@ impl Metrics {
             .get()
     }
 
+    /// A followed rollout ended this way.
+    pub fn rollout_outcome(&self, outcome: &'static str) {
+        debug_assert!(ROLLOUT_OUTCOMES.contains(&outcome), "{outcome}");
+        self.rollouts
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// How many followed rollouts ended this way.
+    pub fn rollout_outcomes(&self, outcome: &'static str) -> u64 {
+        self.rollouts
+            .get_or_create(&OutcomeLabels { outcome })
+            .get()
+    }
+
+    /// How many rollouts are followed now.
+    pub fn set_rollouts_followed(&self, count: usize) {
+        self.rollouts_followed
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// How many rollouts are followed, as last set.
+    pub fn rollouts_followed(&self) -> u64 {
+        u64::try_from(self.rollouts_followed.get()).unwrap_or(0)
+    }
+
+    /// From a config change seen to the rollout it caused complete.
+    pub fn observe_rollout_latency(&self, seconds: f64) {
+        self.rollout_latency.observe(seconds);
+    }
+
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -552,6 +617,13 @@ mod tests {
         zero("confighash_workloads_bypassed_total");
         zero("confighash_touches_pending");
         zero("confighash_touches_in_flight");
+        zero("confighash_rollouts_followed");
+        zero("confighash_config_change_to_rollout_complete_seconds_count");
+        for outcome in ROLLOUT_OUTCOMES {
+            zero(&format!(
+                "confighash_rollouts_total{{outcome=\"{outcome}\"}}"
+            ));
+        }
         for outcome in TOUCH_OUTCOMES {
             zero(&format!(
                 "confighash_touches_total{{outcome=\"{outcome}\"}}"

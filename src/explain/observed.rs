@@ -14,11 +14,13 @@ use crate::core::workload::WorkloadKind;
 /// The Events shown, newest last.
 pub const MAX_EVENTS: usize = 5;
 /// The reasons of the Events confighash records on workloads.
-pub const EVENT_REASONS: [&str; 4] = [
+pub const EVENT_REASONS: [&str; 6] = [
     crate::watcher::state::CONFIG_CHANGED_REASON,
     crate::watcher::state::TOUCH_FAILED_REASON,
     crate::watcher::state::TOO_MANY_REFERENCES_REASON,
     crate::watcher::state::WOULD_ROLL_REASON,
+    crate::watcher::state::ROLLOUT_COMPLETE_REASON,
+    crate::watcher::state::ROLLOUT_STALLED_REASON,
 ];
 
 /// One entry of `metadata.managedFields`.

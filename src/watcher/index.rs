@@ -14,6 +14,7 @@ use crate::core::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefStat
 use crate::core::refs::{ObjectKind, ObjectRef, References};
 use crate::core::rules::{self, Lookup};
 use crate::core::workload::{self, Analysis, WorkloadKind};
+use crate::watcher::rollout;
 
 /// A referenced object's identity: its namespace and (kind, name).
 pub type ConfigKey = (String, ObjectRef);
@@ -248,6 +249,10 @@ pub struct WorkloadEntry {
     /// `metadata.generation` (0 when absent): it grows with every change of the spec, pod
     /// template included, so a state of lower generation than one already seen is older.
     pub generation: i64,
+    /// Where its rollout stands, by its `status` ([`rollout::progress`]): read at every event,
+    /// used only while the watcher follows a rollout of it. One byte in what was padding: the
+    /// index does not grow.
+    pub rollout: Option<rollout::Progress>,
 }
 
 impl WorkloadEntry {
@@ -309,6 +314,7 @@ impl WorkloadEntry {
                 .pointer("/metadata/generation")
                 .and_then(Value::as_i64)
                 .unwrap_or(0),
+            rollout: rollout::progress(kind, obj),
         }))
     }
 

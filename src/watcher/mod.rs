@@ -17,6 +17,7 @@ pub mod index;
 pub mod leader;
 pub mod memory;
 pub mod pace;
+pub mod rollout;
 mod run;
 pub mod state;
 
@@ -26,3 +27,4 @@ pub use state::{
     TOUCH_FAILED_AFTER, TOUCH_FAILED_EVERY, TOUCH_FAILED_REASON, WOULD_ROLL_OUTCOME,
     WOULD_ROLL_REASON, WatcherConfig,
 };
+pub use state::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};

@@ -28,6 +28,9 @@ use crate::watcher::index::{
 };
 use crate::watcher::pace::{ChangeWindow, Pacer, Wait};
 
+mod follow;
+pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
+
 /// Global token bucket burst.
 pub const TOUCH_BURST: u32 = 20;
 /// The reason of the Warning Event on a workload over `--max-references`.
@@ -82,6 +85,9 @@ pub struct WatcherConfig {
     /// `--dry-run`: decide everything as usual (windows, pacing, reconcile), but record a
     /// `WouldRoll` Event instead of touching, once per workload and stamp it would set.
     pub dry_run: bool,
+    /// `--rollout-timeout`: a StatefulSet or DaemonSet whose rollout after a config change is not
+    /// complete this long after its touch gets a `RolloutStalled` Event.
+    pub rollout_timeout: Duration,
 }
 
 impl Default for WatcherConfig {
@@ -99,6 +105,7 @@ impl Default for WatcherConfig {
             excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
             bypass_grace: Some(BYPASS_GRACE),
             dry_run: false,
+            rollout_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -279,6 +286,8 @@ struct InFlight {
     uid: String,
     rolls_by_itself: bool,
     pending: Pending,
+    /// What the watch showed of the workload meanwhile, to judge its rollout from.
+    watched: Option<follow::WatchedInFlight>,
 }
 
 /// The stamp a dry run would have set on a workload, in place of the one it carries.
@@ -335,6 +344,8 @@ pub struct State {
     backoff: HashMap<WorkloadKey, Backoff>,
     /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
     terminating: HashSet<String>,
+    /// The rollouts after config changes the leader follows ([`follow`]).
+    following: HashMap<WorkloadKey, follow::Following>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
     /// In a dry run, the stamp each workload would carry had its touch been made: decisions
@@ -379,6 +390,7 @@ impl State {
             touch_failed_at: HashMap::new(),
             backoff: HashMap::new(),
             terminating: HashSet::new(),
+            following: HashMap::new(),
             effects: Vec::new(),
             would_roll: HashMap::new(),
         }
@@ -406,6 +418,8 @@ impl State {
             .iter()
             .filter_map(|(k, p)| self.due_at(k, p))
             .min();
+        // The deadline of a followed rollout wakes it too.
+        let pending = pending.into_iter().chain(self.next_follow_deadline()).min();
         [self.window.closes_at(), pending, self.next_resync]
             .into_iter()
             .flatten()
@@ -436,6 +450,7 @@ impl State {
         self.tick(now);
         self.metrics
             .set_touches(self.pending.len(), self.in_flight.len());
+        self.metrics.set_rollouts_followed(self.following.len());
         std::mem::take(&mut self.effects)
     }
 
@@ -617,6 +632,7 @@ impl State {
         let before = self.pending.len();
         self.pending.retain(|k, _| k.namespace != namespace);
         self.backoff.retain(|k, _| k.namespace != namespace);
+        self.stop_following_all("gone", |k| k.namespace == namespace);
         tracing::info!(
             namespace,
             dropped = before - self.pending.len(),
@@ -660,6 +676,7 @@ impl State {
                 }
                 self.forget_would_roll_unless_over(&key, &entry.stamp);
                 let opts_in = self.opts_in(&key, &entry);
+                self.follow_watched(&key, &entry, now);
                 self.workloads.upsert(key.clone(), entry);
                 self.workload_opt_in(&key, opts_in);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
@@ -753,6 +770,7 @@ impl State {
         self.pending.remove(key);
         self.backoff.remove(key);
         self.would_roll.remove(key);
+        self.stop_following(key, "gone");
     }
 
     /// A watch's list is in (or there is nothing to list).
@@ -772,6 +790,10 @@ impl State {
         }
         self.leader = leader;
         self.metrics.set_leader(leader);
+        if !leader {
+            // A new leader does not know what this one followed.
+            self.stop_following_all("abandoned", |_| true);
+        }
         if leader && self.is_synced() {
             // A new leader compares everything: changes may have passed while another replica
             // led, or none did.
@@ -912,6 +934,7 @@ impl State {
             self.window_closed(changes, seen, now);
         }
         self.touch_due(now);
+        self.follow_due(now);
         self.pacer.forget_old(now);
     }
 
@@ -1077,6 +1100,7 @@ impl State {
             uid: entry.uid.clone(),
             rolls_by_itself: entry.rolls_by_itself,
             pending,
+            watched: None,
         };
         self.in_flight.insert(key, in_flight);
     }
@@ -1100,6 +1124,7 @@ impl State {
                     &touch.pending.changed,
                     touch.rolls_by_itself,
                 ));
+                self.follow(&key, &touch, stamp.as_deref(), now);
             }
             TouchResult::Patched(_) => {
                 // The webhook turned the touch back: its lookup failed, it may not read the

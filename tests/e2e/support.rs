@@ -192,6 +192,7 @@ impl Env {
                 kind_recheck: watcher.kind_recheck,
                 retry_base: watcher.retry_base,
                 bypass_grace: watcher.bypass_grace,
+                rollout_timeout: watcher.rollout_timeout,
             },
             identity: Some(watcher.identity.clone()),
             cert_poll: Duration::from_secs(60),

@@ -449,6 +449,8 @@ enum Target {
         resource: &'static ResourceInfo,
         namespace: Option<String>,
         name: Option<String>,
+        /// `.../{name}/status`: the status subresource of a workload.
+        status: bool,
     },
 }
 
@@ -477,6 +479,11 @@ fn parse_path(served: &[&'static ResourceInfo], path: &str) -> Result<Target, Ap
     let find = |plural: &str| {
         resources::find(served, group, version, plural).ok_or_else(ApiError::no_route)
     };
+    // `.../{name}/status`: the status subresource.
+    let (rest, status) = match rest {
+        ["namespaces", _, _, _, "status"] | [_, _, "status"] => (&rest[..rest.len() - 1], true),
+        _ => (rest, false),
+    };
     let (resource, namespace, name) = match rest {
         [plural] => (find(plural)?, None, None),
         ["namespaces", ns, plural] => (find(plural)?, Some(*ns), None),
@@ -484,6 +491,10 @@ fn parse_path(served: &[&'static ResourceInfo], path: &str) -> Result<Target, Ap
         [plural, name] => (find(plural)?, None, Some(*name)),
         _ => return Err(ApiError::no_route()),
     };
+    if status && (name.is_none() || resource.template.is_none()) {
+        // Only workloads have a status subresource here.
+        return Err(ApiError::no_route());
+    }
     if resource.namespaced != namespace.is_some() && (name.is_some() || !resource.namespaced) {
         // A namespaced object needs its namespace; a cluster-scoped one has none.
         return Err(ApiError::no_route());
@@ -492,6 +503,7 @@ fn parse_path(served: &[&'static ResourceInfo], path: &str) -> Result<Target, Ap
         resource,
         namespace: namespace.map(str::to_owned),
         name: name.map(str::to_owned),
+        status,
     })
 }
 
@@ -520,12 +532,13 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
     let target = parse_path(&served, &path);
 
     // Non-resource requests: discovery.
-    let (resource, namespace, name) = match target {
+    let (resource, namespace, name, status) = match target {
         Ok(Target::Resource {
             resource,
             namespace,
             name,
-        }) => (resource, namespace, name),
+            status,
+        }) => (resource, namespace, name, status),
         Ok(other) => {
             authorize_path(shared, &user, &path)?;
             lock(&shared.requests).push(("get".into(), path.clone()));
@@ -552,7 +565,7 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
         (&Method::POST, false) => "create",
         (&Method::PUT, true) => "update",
         (&Method::PATCH, true) => "patch",
-        (&Method::DELETE, true) => "delete",
+        (&Method::DELETE, true) if !status => "delete",
         _ => {
             return Err(ApiError::new(
                 405,
@@ -561,7 +574,20 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
             ));
         }
     };
-    lock(&shared.requests).push((verb.to_owned(), resource.plural.to_owned()));
+    // The subresource is named as RBAC names it: `deployments/status`.
+    let requested = if status {
+        format!("{}/status", resource.plural)
+    } else {
+        resource.plural.to_owned()
+    };
+    if status && watch {
+        return Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "the status subresource cannot be watched",
+        ));
+    }
+    lock(&shared.requests).push((verb.to_owned(), requested.clone()));
 
     let field_selector = query.get("fieldSelector").map(String::as_str).unwrap_or("");
     let fields =
@@ -573,6 +599,7 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
         &user,
         verb,
         resource,
+        if status { "status" } else { "" },
         namespace.as_deref(),
         rbac_name.as_deref(),
         &path,
@@ -580,7 +607,7 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
     inject_fault(
         shared,
         verb,
-        resource.plural,
+        &requested,
         namespace.as_deref(),
         name.as_deref(),
     )?;
@@ -610,6 +637,19 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
         dry_run,
         manager: &manager,
     };
+    if status {
+        let name = name.as_deref().unwrap_or_default();
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        return match verb {
+            "get" => get(&ctx, name),
+            "update" => update_status(&ctx, name, &body),
+            _ => patch_status(&ctx, name, content_type, &body),
+        };
+    }
     match verb {
         "get" => get(&ctx, name.as_deref().unwrap_or_default()),
         "list" => list(&ctx, namespace.as_deref(), &query, &fields),
@@ -695,11 +735,13 @@ fn authorize_path(shared: &Shared, user: &UserInfo, path: &str) -> Result<(), Ap
     ))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn authorize(
     shared: &Shared,
     user: &UserInfo,
     verb: &str,
     resource: &ResourceInfo,
+    subresource: &str,
     namespace: Option<&str>,
     name: Option<&str>,
     path: &str,
@@ -711,7 +753,7 @@ fn authorize(
         verb,
         api_group: resource.group,
         resource: resource.plural,
-        subresource: "",
+        subresource,
         namespace,
         name,
         path,
@@ -1965,6 +2007,114 @@ async fn write_loop(
         return Ok(ok_json(StatusCode::OK, &stored));
     }
     Err(ApiError::conflict(ctx.resource, name))
+}
+
+/// `PUT .../{name}/status`: the object's `status` replaced by the body's (see `write_status`).
+fn update_status(ctx: &Ctx<'_>, name: &str, body: &[u8]) -> ApiResult {
+    let mut obj = parse_body(body)?;
+    check_type(ctx.resource, &mut obj)?;
+    if meta(&obj, "name").as_deref() != Some(name) {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({}) does not match the name on the URL ({name})",
+            meta(&obj, "name").unwrap_or_default()
+        )));
+    }
+    write_status(ctx, name, move |_| Ok(obj))
+}
+
+/// `PATCH .../{name}/status` (merge, JSON or strategic merge patch): the patch is applied to the
+/// whole object and only the `status` of the result is kept (see `write_status`).
+fn patch_status(ctx: &Ctx<'_>, name: &str, content_type: &str, body: &[u8]) -> ApiResult {
+    let media = content_type.split(';').next().unwrap_or("").trim();
+    let strategic_type = schema::root(ctx.resource.group, ctx.resource.kind);
+    let patch: Value = match media {
+        "application/merge-patch+json" | "application/json-patch+json" => {
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?
+        }
+        "application/strategic-merge-patch+json" if strategic_type.is_some() => {
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?
+        }
+        other => {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!(
+                    "the stand-in's status subresource takes application/merge-patch+json, application/json-patch+json and (built-in kinds) application/strategic-merge-patch+json; got {other:?}"
+                ),
+            ));
+        }
+    };
+    let resource = ctx.resource;
+    write_status(ctx, name, |existing| {
+        let mut out = existing.clone();
+        match media {
+            "application/merge-patch+json" => patches::merge(&mut out, &patch),
+            "application/json-patch+json" => {
+                patches::json(&mut out, &patch).map_err(|e| ApiError::invalid(resource, name, e))?
+            }
+            _ => {
+                let ty = strategic_type.unwrap_or(schema::Ty::Unknown);
+                patches::strategic(&mut out, &patch, ty).map_err(|e| match e.code {
+                    400 => ApiError::bad_request(e.message),
+                    _ => ApiError::new(422, "Invalid", e.message),
+                })?
+            }
+        }
+        Ok(out)
+    })
+}
+
+/// A write of the status subresource, as the registry's status strategies make it: of the object
+/// `compute` returns, only `status` is kept; spec and metadata stay as stored (labels,
+/// annotations, generation and managedFields included). No admission webhook is called (the
+/// configurations here match main resources only). The resourceVersion is bumped and watches get
+/// a MODIFIED event; a write that leaves `status` as it is stores nothing. A resourceVersion or
+/// uid in the computed object is a precondition, as on the main resource.
+fn write_status(
+    ctx: &Ctx<'_>,
+    name: &str,
+    compute: impl FnOnce(&Value) -> Result<Value, ApiError>,
+) -> ApiResult {
+    let key = ctx.key(name);
+    let mut store = ctx.store();
+    let existing = store
+        .get(&key)
+        .ok_or_else(|| ApiError::not_found(ctx.resource, name))?;
+    let written = compute(&existing)?;
+    if !written.is_object() {
+        return Err(ApiError::invalid(
+            ctx.resource,
+            name,
+            "the patched object is not an object",
+        ));
+    }
+    let existing_rv = meta(&existing, "resourceVersion").unwrap_or_default();
+    if meta(&written, "resourceVersion").is_some_and(|rv| !rv.is_empty() && rv != existing_rv) {
+        return Err(ApiError::conflict(ctx.resource, name));
+    }
+    if meta(&written, "uid")
+        .is_some_and(|uid| !uid.is_empty() && Some(&uid) != meta(&existing, "uid").as_ref())
+    {
+        return Err(ApiError::conflict(ctx.resource, name));
+    }
+    let mut obj = (*existing).clone();
+    match written.get("status") {
+        Some(status) if !status.is_null() => obj["status"] = status.clone(),
+        _ => {
+            if let Some(o) = obj.as_object_mut() {
+                o.remove("status");
+            }
+        }
+    }
+    if obj == *existing || ctx.dry_run {
+        return Ok(ok_json(StatusCode::OK, &obj));
+    }
+    let stored = store
+        .write(ctx.resource, key, Some(obj))
+        .expect("a write returns the stored object");
+    Ok(ok_json(StatusCode::OK, &stored))
 }
 
 /// What the registry strategies do on update after mutating admission (BeforeUpdate and
