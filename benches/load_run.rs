@@ -517,8 +517,10 @@ async fn start(options: &Options) -> Env {
         "confighash-token",
         apiserver::user::UserInfo::service_account("confighash", "confighash"),
     );
+    // The webhook's lookups, as `serve` reads them.
     let confighash =
-        kube::Client::try_from(api.config_with_token("confighash-token")).expect("a client");
+        confighash::cluster::get::Getter::new(&api.config_with_token("confighash-token"))
+            .expect("a getter");
 
     // Namespaces, then each one's copy of the objects.
     let namespaces: Api<Namespace> = Api::all(admin.clone());

@@ -104,7 +104,8 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration, mo
         println!("NOTE: not full scale; figures are not the recorded ones");
     }
     let api = ApiServer::start().await;
-    let client = api.client();
+    let cluster = confighash::cluster::Cluster::new(api.config()).expect("a client");
+    let client = cluster.client.clone();
     // confighash, as `confighash serve` starts it, with the webhook registered as
     // tests/e2e/support.rs does; the watcher starts once the objects exist.
     let certs = TestCerts::generate();
@@ -134,7 +135,7 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration, mo
         drain_timeout: Duration::from_secs(5),
         ..app::Config::default()
     };
-    let mut serving = App::from_config(config, client.clone())
+    let mut serving = App::from_config(config, cluster)
         .await
         .expect("confighash starts")
         .start_without_watcher()

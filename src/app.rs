@@ -21,6 +21,8 @@ use crate::admin::health::Health;
 use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
 use crate::certs::selfsigned::SelfSignedConfig;
+use crate::cluster::Cluster;
+use crate::cluster::get::Getter;
 use crate::watcher::WatcherConfig;
 use crate::watcher::leader::{LeaderConfig, Leadership};
 use crate::webhook::admission::{self, Webhook};
@@ -281,11 +283,13 @@ pub struct App {
 }
 
 impl App {
-    /// Builds every part from `config`, with `client` (whose default namespace is the pod's):
+    /// Builds every part from `config`, with `cluster`'s client (whose default namespace is the
+    /// pod's) and its getter for the webhook's lookups:
     /// loads the key, makes (with `--self-signed-certs`) and loads the certificates, builds the
     /// webhook, and starts leader election when it is on. Serves nothing yet: see
     /// [`App::start`].
-    pub async fn from_config(mut config: Config, client: kube::Client) -> Result<App, RunError> {
+    pub async fn from_config(mut config: Config, cluster: Cluster) -> Result<App, RunError> {
+        let Cluster { client, getter } = cluster;
         let namespace = client.default_namespace().to_owned();
         let mut background = Tasks::default();
         let keys = match &config.key {
@@ -320,7 +324,7 @@ impl App {
         let webhook = Arc::new(Self::webhook(
             &config,
             &namespace,
-            client.clone(),
+            getter,
             keys.clone(),
             metrics.clone(),
         ));
@@ -447,17 +451,17 @@ impl App {
 
     // ----- each part from the configuration -----
 
-    /// The webhook's handler: lookups through `client`, the lookup deadline, the rules, the
+    /// The webhook's handler: lookups through `getter`, the lookup deadline, the rules, the
     /// reference bound, and `namespace` (the pod's) and `--exclude-namespaces` never read.
     pub fn webhook(
         config: &Config,
         namespace: &str,
-        client: kube::Client,
+        getter: Getter,
         keys: Arc<KeyStore>,
         metrics: Arc<Metrics>,
     ) -> Webhook {
         Webhook::new(
-            Arc::new(crate::webhook::lookup::KubeSource::new(client)),
+            Arc::new(crate::webhook::lookup::KubeSource::new(getter)),
             keys,
             metrics,
         )

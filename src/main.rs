@@ -135,8 +135,8 @@ async fn run(mut config: app::Config) -> Result<(), RunError> {
     let kube_config = kube::Config::infer()
         .await
         .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
-    let client = confighash::cluster::client::build(kube_config).map_err(RunError::Client)?;
-    App::from_config(config, client)
+    let cluster = confighash::cluster::Cluster::new(kube_config).map_err(RunError::Client)?;
+    App::from_config(config, cluster)
         .await?
         .run_until(app::shutdown_signal())
         .await

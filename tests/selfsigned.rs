@@ -14,6 +14,7 @@ use confighash::admin::health::Health;
 use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
 use confighash::certs::selfsigned::{self, SelfSignedConfig};
+use confighash::cluster::get::Getter;
 use confighash::core::checksum::StampKey;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::lookup::KubeSource;
@@ -81,7 +82,7 @@ async fn start_webhook(client: &kube::Client, dir: &std::path::Path) -> serve::R
         client_ca: None,
         webhook: Arc::new(
             Webhook::new(
-                Arc::new(KubeSource::new(client.clone())),
+                Arc::new(KubeSource::new(Getter::from_client(client.clone()))),
                 Arc::new(KeyStore::new(StampKey::new(vec![7u8; 32]).unwrap())),
                 Arc::new(Metrics::new()),
             )

@@ -31,6 +31,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::admin::metrics::Metrics;
+use crate::cluster::get::{GetBody, Getter};
 use crate::core::checksum::{
     self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey, Tag, ValueDigest,
 };
@@ -203,12 +204,12 @@ pub fn object_path(namespace: &str, object: &ObjectRef) -> Result<String, PathEr
 /// body is decoded into the few fields the recipe needs, each value hashed as it is decoded, and
 /// errors say only what was wrong.
 pub struct KubeSource {
-    client: kube::Client,
+    getter: Getter,
 }
 
 impl KubeSource {
-    pub fn new(client: kube::Client) -> Self {
-        KubeSource { client }
+    pub fn new(getter: Getter) -> Self {
+        KubeSource { getter }
     }
 
     async fn get(
@@ -218,22 +219,11 @@ impl KubeSource {
         budget: &MemoryBudget,
     ) -> Result<Option<Fetched>, String> {
         let path = object_path(namespace, object).map_err(|e| e.to_string())?;
-        let mut request = http::Request::get(path)
-            .header(http::header::ACCEPT, "application/json")
-            .body(kube::client::Body::empty())
-            .map_err(|e| format!("cannot build the request: {e}"))?;
-        // Read below within the memory budget, never quoted: the client's layer passes the body
-        // unread (it still withholds error bodies).
-        request
-            .extensions_mut()
-            .insert(crate::cluster::client::DecodedByCaller);
-        let response = self
-            .client
-            .send(request)
-            .await
-            .map_err(|e| crate::cluster::redact::kube_error(&e))?;
+        let response = self.getter.get(&path).await.map_err(|e| e.to_string())?;
         let status = response.status();
         if status == http::StatusCode::NOT_FOUND {
+            // Its body (a Status) is read to its end, unquoted, so the connection serves again.
+            discard(response.into_body()).await;
             return Ok(None);
         }
         if !status.is_success() {
@@ -251,6 +241,22 @@ impl KubeSource {
     }
 }
 
+/// The largest body [`discard`] reads to keep its connection; a larger one closes it.
+const MAX_DISCARDED_BYTES: usize = 16 * 1024;
+
+/// Reads a body to its end and drops what it held, up to [`MAX_DISCARDED_BYTES`].
+async fn discard(mut body: GetBody) {
+    let mut read = 0;
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
+            read += data.len();
+            if read > MAX_DISCARDED_BYTES {
+                return;
+            }
+        }
+    }
+}
+
 impl ConfigSource for KubeSource {
     fn fetch<'a>(
         &'a self,
@@ -265,7 +271,7 @@ impl ConfigSource for KubeSource {
 /// An answer's body, at most [`MAX_OBJECT_BYTES`], its buffer taken from `budget` as it grows
 /// (twice over: decoding may copy strings that hold escapes).
 async fn read_limited(
-    mut body: kube::client::Body,
+    mut body: GetBody,
     declared: Option<u64>,
     budget: &MemoryBudget,
 ) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), String> {
@@ -277,12 +283,7 @@ async fn read_limited(
     let mut buf: Vec<u8> = Vec::new();
     let initial = declared.map_or(16 * 1024, |n| n as usize);
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            format!(
-                "reading the answer: {}",
-                crate::cluster::redact::kube_error(&e)
-            )
-        })?;
+        let frame = frame.map_err(|e| format!("reading the answer: {e}"))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };

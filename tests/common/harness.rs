@@ -65,6 +65,8 @@ pub fn webhook(source: Arc<dyn ConfigSource>, key: &[u8]) -> Webhook {
 pub struct Harness {
     pub api: ApiServer,
     pub client: kube::Client,
+    /// The webhook's lookups read through it.
+    pub getter: confighash::cluster::get::Getter,
     key: Vec<u8>,
 }
 
@@ -76,9 +78,11 @@ impl Harness {
         for ns in namespaces {
             build::create_namespace(&client, ns, &[]).await;
         }
+        let getter = confighash::cluster::get::Getter::new(&api.config()).unwrap();
         Harness {
             api,
             client,
+            getter,
             key: key.to_vec(),
         }
     }
@@ -90,7 +94,7 @@ impl Harness {
 
     /// A webhook reading the API server (add options with its `with_*` methods).
     pub fn webhook(&self) -> Webhook {
-        webhook(Arc::new(KubeSource::new(self.client.clone())), &self.key)
+        webhook(Arc::new(KubeSource::new(self.getter.clone())), &self.key)
     }
 
     /// Creates `object` in `namespace`, or replaces the object of that name.

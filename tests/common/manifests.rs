@@ -1374,6 +1374,7 @@ pub async fn run_code_under_rbac(
     let mut config = server.config_with_token("confighash-token");
     config.default_namespace = own.into();
     // As `serve` builds it.
+    let getter = confighash::cluster::get::Getter::new(&config).unwrap();
     let client = confighash::cluster::client::build(config).unwrap();
 
     // RBAC is enforced: confighash may not write config.
@@ -1517,7 +1518,7 @@ pub async fn run_code_under_rbac(
     assert_ne!(ca_bundle().await, first_bundle, "the new CA is published");
 
     // The webhook's lookups.
-    let source = KubeSource::new(client.clone());
+    let source = KubeSource::new(getter);
     for object in [
         ObjectRef::new(ObjectKind::ConfigMap, "app-env"),
         ObjectRef::new(ObjectKind::Secret, "db"),

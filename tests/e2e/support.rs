@@ -55,6 +55,8 @@ pub struct Env {
     /// The client confighash runs with: the ServiceAccount of deploy/, whose RBAC the stand-in
     /// enforces, so a request the code makes that deploy/ does not allow fails the scenario.
     pub confighash: kube::Client,
+    /// The webhook's lookups read through it, with the same credentials.
+    getter: confighash::cluster::get::Getter,
     /// The in-memory API server (None against a real cluster).
     pub api: Option<ApiServer>,
     /// The running watcher's metrics: at start the app's, which the webhook shares; a watcher
@@ -154,7 +156,9 @@ impl Env {
         // ServiceAccount's namespace.
         let mut config = api.config_with_token("confighash-token");
         config.default_namespace = "confighash".into();
-        let confighash = confighash::cluster::client::build(config).unwrap();
+        let cluster = confighash::cluster::Cluster::new(config).unwrap();
+        let confighash = cluster.client.clone();
+        let getter = cluster.getter.clone();
         let certs = TestCerts::generate();
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).unwrap();
@@ -201,7 +205,7 @@ impl Env {
             dry_run: setup.dry_run,
             ..app::Config::default()
         };
-        let mut serving = App::from_config(config, confighash.clone())
+        let mut serving = App::from_config(config, cluster)
             .await
             .unwrap()
             .start_without_watcher()
@@ -210,6 +214,7 @@ impl Env {
         let mut env = Env {
             client,
             confighash,
+            getter,
             api: Some(api),
             metrics: serving.metrics().clone(),
             keys: serving.keys().clone(),
@@ -269,6 +274,7 @@ impl Env {
         );
         Env {
             confighash: confighash::cluster::client::build(config.clone()).expect("a client"),
+            getter: confighash::cluster::get::Getter::new(&config).expect("a getter"),
             client,
             api: None,
             metrics: Arc::new(Metrics::new()),
@@ -341,7 +347,7 @@ impl Env {
         let webhook = Arc::new(App::webhook(
             config,
             namespace,
-            self.confighash.clone(),
+            self.getter.clone(),
             self.keys.clone(),
             self.metrics.clone(),
         ));
