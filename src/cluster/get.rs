@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
-use http::header::ACCEPT;
+use http::header::{ACCEPT, HOST};
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Empty;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
@@ -99,9 +99,11 @@ type Prepare = BoxCloneSyncService<Request<NoBody>, Request<NoBody>, BoxError>;
 struct Direct {
     /// The cluster's URL as kube has it, for connecting.
     base: Uri,
-    /// Its scheme, authority and path prefix without the trailing `/`: each request's URI is
-    /// this followed by the object's path.
+    /// Its path prefix without the trailing `/` (often empty): each request's path is this
+    /// followed by the object's path, sent in origin form with a `Host` header, as HTTP/1.1
+    /// clients send it.
     prefix: String,
+    host: HeaderValue,
     connector: Connector,
     prepare: Prepare,
     idle: Mutex<Vec<Conn>>,
@@ -140,6 +142,7 @@ impl Getter {
     /// headers); through a `kube::Client` when the configuration names a proxy.
     pub fn new(config: &kube::Config) -> Result<Getter, kube::Error> {
         if config.proxy_url.is_some() {
+            // kube's client speaks to SOCKS and HTTP proxies; the connections here do not.
             let client = crate::cluster::client::build(config.clone())?;
             return Ok(Getter::from_client(client));
         }
@@ -165,11 +168,21 @@ impl Getter {
                 .map_err(BoxError::from),
         );
         let base = config.cluster_url.clone();
-        let prefix = base.to_string().trim_end_matches('/').to_owned();
+        let prefix = base.path().trim_end_matches('/').to_owned();
+        let Some(host) = base
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        else {
+            // kube connects to no URL without a host either; its client says why.
+            return Ok(Getter::from_client(crate::cluster::client::build(
+                config.clone(),
+            )?));
+        };
         Ok(Getter {
             inner: Inner::Direct(Arc::new(Direct {
                 base,
                 prefix,
+                host,
                 connector,
                 prepare,
                 idle: Mutex::new(Vec::new()),
@@ -227,9 +240,9 @@ impl Direct {
         let uri: Uri = uri.parse().map_err(|_| GetError::Path(path.to_owned()))?;
         let mut request = Request::new(NoBody::new());
         *request.uri_mut() = uri;
-        request
-            .headers_mut()
-            .insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let headers = request.headers_mut();
+        headers.insert(HOST, self.host.clone());
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
         let request = self
             .prepare
             .clone()
@@ -385,5 +398,138 @@ impl Body for GetBody {
             BodyInner::Direct { incoming, .. } => incoming.size_hint(),
             BodyInner::Client(body) => body.size_hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server that answers every GET of `/found` with a small JSON body and any other path with
+    /// a 404 Status, keeping connections open, or closing each after one answer (without saying
+    /// so, as a server whose idle timeout passed does). Counts the connections it accepted.
+    async fn server(close_after_one: bool) -> (kube::Config, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    loop {
+                        let mut chunk = [0u8; 1024];
+                        let Ok(n) = socket.read(&mut chunk).await else {
+                            return;
+                        };
+                        if n == 0 {
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end + 4);
+                        let (status, body) = if head.starts_with("GET /found ") {
+                            ("200 OK", r#"{"kind":"ConfigMap","data":{"a":"b"}}"#)
+                        } else {
+                            ("404 Not Found", r#"{"kind":"Status","code":404}"#)
+                        };
+                        let answer = format!(
+                            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n\
+                             content-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(answer.as_bytes()).await.is_err() || close_after_one {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        (config, accepted)
+    }
+
+    async fn body_of(getter: &Getter, path: &str) -> (u16, Bytes) {
+        let response = getter.get(path).await.unwrap();
+        let status = response.status().as_u16();
+        (
+            status,
+            response.into_body().collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    #[tokio::test]
+    async fn one_connection_serves_one_get_after_another_404s_included() {
+        let (config, accepted) = server(false).await;
+        let getter = Getter::new(&config).unwrap();
+        for _ in 0..3 {
+            let (status, body) = body_of(&getter, "/found").await;
+            assert_eq!(status, 200);
+            assert!(body.starts_with(b"{\"kind\":\"ConfigMap\""));
+            assert_eq!(body_of(&getter, "/absent").await.0, 404);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(getter.idle_connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_the_server_closed_is_replaced() {
+        let (config, accepted) = server(true).await;
+        let getter = Getter::new(&config).unwrap();
+        for round in 1..=3 {
+            assert_eq!(body_of(&getter, "/found").await.0, 200, "GET {round}");
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_get_dropped_before_its_body_is_read_gives_its_connection_up() {
+        let (config, accepted) = server(false).await;
+        let getter = Getter::new(&config).unwrap();
+        let response = getter.get("/found").await.unwrap();
+        drop(response);
+        assert_eq!(getter.idle_connections(), 0);
+        assert_eq!(body_of(&getter, "/found").await.0, 200);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(getter.idle_connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn gets_at_once_each_take_a_connection_and_all_go_back() {
+        let (config, accepted) = server(false).await;
+        let getter = Getter::new(&config).unwrap();
+        let gets = (0..5).map(|_| body_of(&getter, "/found"));
+        for (status, _) in futures::future::join_all(gets).await {
+            assert_eq!(status, 200);
+        }
+        let opened = accepted.load(Ordering::SeqCst);
+        assert!((1..=5).contains(&opened), "{opened}");
+        assert_eq!(getter.idle_connections(), opened);
+    }
+
+    #[tokio::test]
+    async fn no_server_is_a_connect_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let getter = Getter::new(&config).unwrap();
+        let Err(error) = getter.get("/found").await else {
+            panic!("an answer without a server");
+        };
+        assert!(matches!(error, GetError::Connect(_)), "{error}");
     }
 }

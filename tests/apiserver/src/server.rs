@@ -208,6 +208,11 @@ impl ApiServer {
         lock(&self.shared.tokens).insert(token.to_owned(), user);
     }
 
+    /// Makes `token` authenticate no one any more, as a bound token past its expiry.
+    pub fn revoke_token(&self, token: &str) {
+        lock(&self.shared.tokens).remove(token);
+    }
+
     /// Enforces RBAC on every request of users that are not superusers (None: no RBAC).
     pub fn set_authorizer(&self, authorizer: Option<Authorizer>) {
         *lock(&self.shared.authorizer) = authorizer.map(Arc::new);
