@@ -250,10 +250,10 @@ impl Direct {
             .await
             .map_err(|e| GetError::Credentials(e.to_string()))?;
         // A pooled connection first; when it turns out closed, once more on a new one.
-        if let Some(conn) = self.take_idle() {
-            if let Ok(answer) = self.send(conn, copy(&request)).await {
-                return Ok(answer);
-            }
+        if let Some(conn) = self.take_idle()
+            && let Ok(answer) = self.send(conn, copy(&request)).await
+        {
+            return Ok(answer);
         }
         let conn = self.connect().await?;
         self.send(conn, request)
