@@ -112,6 +112,8 @@ const CONNECTIONS: usize = 4;
 /// open-loop p99 under this.
 const TARGET_RATIO: f64 = 2.5;
 const TARGET_P99: Duration = Duration::from_millis(10);
+/// Kinds of failed exchanges told apart in a phase's tally.
+const MAX_FAILURE_KINDS: usize = 20;
 /// How long a helper may take to print its address.
 const HELPER_READY_WITHIN: Duration = Duration::from_secs(10);
 
@@ -1029,6 +1031,8 @@ struct Tally {
     /// The first wrong answer and the first failure, to show.
     first_wrong: Option<String>,
     first_failure: Option<String>,
+    /// Failed exchanges by what they came to, at most [`MAX_FAILURE_KINDS`] kinds.
+    failure_kinds: BTreeMap<String, u64>,
 }
 
 impl Tally {
@@ -1042,6 +1046,14 @@ impl Tally {
             }
             Outcome::Failed(why) => {
                 self.failed += 1;
+                let known = self.failure_kinds.len() < MAX_FAILURE_KINDS
+                    || self.failure_kinds.contains_key(&why);
+                let kind = if known {
+                    why.clone()
+                } else {
+                    "other".to_owned()
+                };
+                *self.failure_kinds.entry(kind).or_default() += 1;
                 self.first_failure.get_or_insert(why);
             }
             Outcome::Unanswered => self.unanswered += 1,
@@ -1059,6 +1071,9 @@ impl Tally {
         }
         if self.first_failure.is_none() {
             self.first_failure = other.first_failure;
+        }
+        for (kind, n) in other.failure_kinds {
+            *self.failure_kinds.entry(kind).or_default() += n;
         }
     }
 
@@ -1206,9 +1221,12 @@ struct Snapshot {
     client: Duration,
     gets: u64,
     machine: (u64, u64),
+    /// Every process's CPU, and this run's processes' (the helpers, serve, this one).
+    all: Duration,
+    ours: Duration,
 }
 
-async fn snapshot(target: &Target) -> Result<Snapshot, String> {
+async fn snapshot(target: &Target, ours: &[u32]) -> Result<Snapshot, String> {
     let (responder, gets) = match target.responder {
         Some((pid, addr)) => {
             let (c, s, _) = responder_counts(addr).await?;
@@ -1223,6 +1241,8 @@ async fn snapshot(target: &Target) -> Result<Snapshot, String> {
         client: serve::process_cpu(std::process::id()),
         gets,
         machine: serve::machine_cpu(),
+        all: serve::all_processes_cpu(),
+        ours: ours.iter().map(|&pid| serve::process_cpu(pid)).sum(),
     })
 }
 
@@ -1238,7 +1258,11 @@ struct Phase {
     responder_cpu: Duration,
     client_cpu: Duration,
     gets: u64,
+    /// Busy share of all cores: from /proc/stat, and from every process's CPU.
     busy: f64,
+    all_busy: f64,
+    /// The share of all cores other processes than this run's used.
+    others: f64,
     load: String,
     /// Open loops only.
     open: Option<Open>,
@@ -1264,6 +1288,14 @@ impl Phase {
             client_cpu: after.client.saturating_sub(before.client),
             gets: after.gets.saturating_sub(before.gets),
             busy: serve::busy_share(before.machine, after.machine),
+            all_busy: share(after.all.saturating_sub(before.all), after.at - before.at),
+            others: share(
+                after
+                    .all
+                    .saturating_sub(before.all)
+                    .saturating_sub(after.ours.saturating_sub(before.ours)),
+                after.at - before.at,
+            ),
             load: serve::load_average(),
             open,
         }
@@ -1286,6 +1318,22 @@ impl Phase {
             .as_ref()
             .map_or(Duration::ZERO, |o| percentile(&o.latencies, pct))
     }
+}
+
+/// `cpu` as a share of all cores over `wall`.
+fn share(cpu: Duration, wall: Duration) -> f64 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cpu.as_secs_f64() / (wall.as_secs_f64() * cores as f64).max(1e-9)
+}
+
+/// "95 % / 97 % / 3 %": busy by /proc/stat, by every process's CPU, and others' share.
+fn machine(p: &Phase) -> String {
+    format!(
+        "{:.0} % / {:.0} % / {:.0} %",
+        p.busy * 100.0,
+        p.all_busy * 100.0,
+        p.others * 100.0
+    )
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -1411,6 +1459,7 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
     )?;
     let serve = Serve::start(&binary, &files, &options.serve_args, "lookup-cost").await?;
     let startup = responder_requests(responder.addr).await;
+    let ours = [responder.pid, bare.pid, serve.pid, std::process::id()];
 
     println!(
         "lookup_cost{}: binary {} ({how}; modified {})",
@@ -1487,9 +1536,9 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
         if alpn != "h2" {
             failures.push(format!("{} negotiated {alpn}, not h2", target.name));
         }
-        let before = snapshot(target).await?;
+        let before = snapshot(target, &ours).await?;
         let tally = closed_loop(target, &review, &expected, 1).await;
-        let after = snapshot(target).await?;
+        let after = snapshot(target, &ours).await?;
         if tally.right() != 1 {
             return Err(format!(
                 "{}'s first answer: {:?}",
@@ -1524,16 +1573,19 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
     let mut closed: Vec<Phase> = Vec::new();
     let mut open: Vec<Phase> = Vec::new();
     let run_machine = serve::machine_cpu();
+    let run_started = Instant::now();
+    let ours_cpu = || -> Duration { ours.iter().map(|&pid| serve::process_cpu(pid)).sum() };
+    let (run_all, run_ours) = (serve::all_processes_cpu(), ours_cpu());
     let run_load = serve::load_average();
     for round in 1..=options.rounds {
         for target in &targets {
-            let before = snapshot(target).await?;
+            let before = snapshot(target, &ours).await?;
             let tally = closed_loop(target, &review, &expected, options.reviews).await;
-            let after = snapshot(target).await?;
+            let after = snapshot(target, &ours).await?;
             let phase = Phase::measured(round, target, tally, &before, &after, None);
             println!(
                 "round {round} closed {:<10} {} right, {} wrong, {} failed in {:.2} s: {:.0}/s, \
-                 {:.3} ms CPU/review, {:.2} GETs/review, machine {:.0} % busy",
+                 {:.3} ms CPU/review, {:.2} GETs/review, machine busy {}",
                 target.name,
                 phase.answered,
                 phase.tally.wrong,
@@ -1542,20 +1594,20 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
                 phase.answered as f64 / phase.elapsed.as_secs_f64(),
                 phase.server_ms(),
                 phase.gets_per_review(),
-                phase.busy * 100.0
+                machine(&phase)
             );
             closed.push(phase);
         }
         for target in &targets {
-            let before = snapshot(target).await?;
+            let before = snapshot(target, &ours).await?;
             let result =
                 open_loop(target, &review, &expected, options.rate, options.duration).await;
-            let after = snapshot(target).await?;
+            let after = snapshot(target, &ours).await?;
             let tally = result.tally.clone();
             let phase = Phase::measured(round, target, tally, &before, &after, Some(result));
             println!(
                 "round {round} open   {:<10} {} right, {} wrong, {} failed, {} unanswered: p50 \
-                 {} ms, p99 {} ms, {:.3} ms CPU/review, machine {:.0} % busy",
+                 {} ms, p99 {} ms, {:.3} ms CPU/review, machine busy {}",
                 target.name,
                 phase.answered,
                 phase.tally.wrong,
@@ -1564,12 +1616,15 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
                 ms(phase.p(50.0)),
                 ms(phase.p(99.0)),
                 phase.server_ms(),
-                phase.busy * 100.0
+                machine(&phase)
             );
             open.push(phase);
         }
     }
     let run_busy = serve::busy_share(run_machine, serve::machine_cpu());
+    let run_wall = run_started.elapsed();
+    let run_all = serve::all_processes_cpu().saturating_sub(run_all);
+    let run_others = run_all.saturating_sub(ours_cpu().saturating_sub(run_ours));
     let later = responder_requests(responder.addr).await;
     let lookups = serve.lookups().await;
     let (log_lines, log_warnings) = serve.log_counts();
@@ -1579,6 +1634,34 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
 
     report(&options, &closed, &open);
     println!();
+    let failed: Vec<String> = closed
+        .iter()
+        .chain(&open)
+        .filter(|p| !p.tally.failure_kinds.is_empty())
+        .map(|p| {
+            let kinds: Vec<String> = p
+                .tally
+                .failure_kinds
+                .iter()
+                .map(|(kind, n)| format!("{n} {kind}"))
+                .collect();
+            format!(
+                "round {} {} {}: {}",
+                p.round,
+                if p.open.is_some() { "open" } else { "closed" },
+                p.server,
+                kinds.join("; ")
+            )
+        })
+        .collect();
+    println!(
+        "failed exchanges: {}",
+        if failed.is_empty() {
+            "none".to_owned()
+        } else {
+            failed.join(" | ")
+        }
+    );
     let mut new_requests: Vec<String> = later
         .iter()
         .filter(|(request, n)| startup.get(*request) != Some(n))
@@ -1601,9 +1684,12 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
             .join(", ")
     );
     println!(
-        "machine: {:.0} % of all cores busy over the rounds; load average {} at the start of \
-         the rounds, {} at the end; total {:.1} s",
+        "machine over the rounds: {:.0} % of all cores busy by /proc/stat, {:.0} % by every \
+         process's CPU, of which {:.0} % by processes outside this run; load average {} at the \
+         start of the rounds, {} at the end; total {:.1} s",
         run_busy * 100.0,
+        share(run_all, run_wall) * 100.0,
+        share(run_others, run_wall) * 100.0,
         run_load,
         serve::load_average(),
         started.elapsed().as_secs_f64()
@@ -1660,12 +1746,12 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
         options.reviews
     );
     println!(
-        "| round | server | right (exact bytes) | wrong | failed / unanswered | s | reviews/s | server CPU ms/review | responder CPU ms/review | GETs/review | client CPU ms/review | machine busy | load avg |"
+        "| round | server | right (exact bytes) | wrong | failed / unanswered | s | reviews/s | server CPU ms/review | responder CPU ms/review | GETs/review | client CPU ms/review | machine busy: /proc/stat / all processes / others | load avg |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in closed {
         println!(
-            "| {} | {} | {} ({}) | {} | {} / {} | {:.2} | {:.0} | {} | {} | {} | {} | {:.0} % | {} |",
+            "| {} | {} | {} ({}) | {} | {} / {} | {:.2} | {:.0} | {} | {} | {} | {} | {} | {} |",
             p.round,
             p.server,
             p.answered,
@@ -1687,7 +1773,7 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
                 "-".to_owned()
             },
             cpu(p, p.client_cpu),
-            p.busy * 100.0,
+            machine(p),
             p.load
         );
     }
@@ -1699,7 +1785,7 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
         options.duration.as_secs_f64()
     );
     println!(
-        "| round | server | scheduled | right | wrong | failed | unanswered | p50 | p90 | p99 | max | sender lag p99 | server CPU ms/review | responder CPU ms/review | GETs/review | machine busy | load avg |"
+        "| round | server | scheduled | right | wrong | failed | unanswered | p50 | p90 | p99 | max | sender lag p99 | server CPU ms/review | responder CPU ms/review | GETs/review | machine busy: /proc/stat / all processes / others | load avg |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in open {
@@ -1708,7 +1794,7 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
             .as_ref()
             .map_or(Duration::ZERO, |o| percentile(&o.lags, 99.0));
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} % | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             p.round,
             p.server,
             p.open.as_ref().map_or(0, |o| o.scheduled),
@@ -1732,7 +1818,7 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
             } else {
                 "-".to_owned()
             },
-            p.busy * 100.0,
+            machine(p),
             p.load
         );
     }
