@@ -1152,6 +1152,28 @@ struct Open {
     latencies: Vec<Duration>,
     /// Scheduled time to the send being spawned, sorted: the client's own lateness.
     lags: Vec<Duration>,
+    /// Each second of the schedule: its p99 (right answers) and its exchanges that were not
+    /// right.
+    seconds: Vec<(Duration, u64)>,
+}
+
+impl Open {
+    /// The seconds of the schedule whose p99 reached `limit` or that had an exchange that was
+    /// not right: "s3 p99 160 ms, 81 not right".
+    fn slow_seconds(&self, limit: Duration) -> Vec<String> {
+        self.seconds
+            .iter()
+            .enumerate()
+            .filter(|(_, (p99, bad))| *p99 >= limit || *bad > 0)
+            .map(|(s, (p99, bad))| {
+                let mut text = format!("s{s} p99 {} ms", ms(*p99));
+                if *bad > 0 {
+                    text += &format!(", {bad} not right");
+                }
+                text
+            })
+            .collect()
+    }
 }
 
 /// `rate` reviews/s for `duration`, each spawned at its scheduled time by a blocking thread
@@ -1195,21 +1217,38 @@ async fn open_loop(
     .expect("the sender thread");
     let mut tally = Tally::default();
     let mut latencies = Vec::with_capacity(tasks.len());
+    let per_second = u64::from(rate).max(1);
+    let mut seconds: Vec<(Vec<Duration>, u64)> = Vec::new();
     // Every exchange is bounded by the client's own 10 s timeout.
-    for task in tasks {
+    for (i, task) in tasks.into_iter().enumerate() {
         let (latency, outcome) = task.await.expect("a send");
+        let second = (i as u64 / per_second) as usize;
+        if seconds.len() <= second {
+            seconds.resize_with(second + 1, Default::default);
+        }
         if matches!(outcome, Outcome::Exact | Outcome::Equivalent) {
             latencies.push(latency);
+            seconds[second].0.push(latency);
+        } else {
+            seconds[second].1 += 1;
         }
         tally.add(outcome);
     }
     latencies.sort_unstable();
     lags.sort_unstable();
+    let seconds = seconds
+        .into_iter()
+        .map(|(mut l, bad)| {
+            l.sort_unstable();
+            (percentile(&l, 99.0), bad)
+        })
+        .collect();
     Open {
         scheduled: count,
         tally,
         latencies,
         lags,
+        seconds,
     }
 }
 
@@ -1221,6 +1260,7 @@ struct Snapshot {
     client: Duration,
     gets: u64,
     machine: (u64, u64),
+    steal: (u64, u64),
     /// Every process's CPU, and this run's processes' (the helpers, serve, this one).
     all: Duration,
     ours: Duration,
@@ -1241,6 +1281,7 @@ async fn snapshot(target: &Target, ours: &[u32]) -> Result<Snapshot, String> {
         client: serve::process_cpu(std::process::id()),
         gets,
         machine: serve::machine_cpu(),
+        steal: serve::machine_steal(),
         all: serve::all_processes_cpu(),
         ours: ours.iter().map(|&pid| serve::process_cpu(pid)).sum(),
     })
@@ -1263,6 +1304,8 @@ struct Phase {
     all_busy: f64,
     /// The share of all cores other processes than this run's used.
     others: f64,
+    /// The share of all cores' time the host took (steal).
+    steal: f64,
     load: String,
     /// Open loops only.
     open: Option<Open>,
@@ -1288,6 +1331,7 @@ impl Phase {
             client_cpu: after.client.saturating_sub(before.client),
             gets: after.gets.saturating_sub(before.gets),
             busy: serve::busy_share(before.machine, after.machine),
+            steal: serve::busy_share(before.steal, after.steal),
             all_busy: share(after.all.saturating_sub(before.all), after.at - before.at),
             others: share(
                 after
@@ -1326,13 +1370,15 @@ fn share(cpu: Duration, wall: Duration) -> f64 {
     cpu.as_secs_f64() / (wall.as_secs_f64() * cores as f64).max(1e-9)
 }
 
-/// "95 % / 97 % / 3 %": busy by /proc/stat, by every process's CPU, and others' share.
+/// "95 % / 97 % / 3 % / 0 %": busy by /proc/stat, by every process's CPU, others' share, and
+/// steal.
 fn machine(p: &Phase) -> String {
     format!(
-        "{:.0} % / {:.0} % / {:.0} %",
+        "{:.0} % / {:.0} % / {:.0} % / {:.0} %",
         p.busy * 100.0,
         p.all_busy * 100.0,
-        p.others * 100.0
+        p.others * 100.0,
+        p.steal * 100.0
     )
 }
 
@@ -1572,7 +1618,7 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
     // The rounds.
     let mut closed: Vec<Phase> = Vec::new();
     let mut open: Vec<Phase> = Vec::new();
-    let run_machine = serve::machine_cpu();
+    let (run_machine, run_steal) = (serve::machine_cpu(), serve::machine_steal());
     let run_started = Instant::now();
     let ours_cpu = || -> Duration { ours.iter().map(|&pid| serve::process_cpu(pid)).sum() };
     let (run_all, run_ours) = (serve::all_processes_cpu(), ours_cpu());
@@ -1622,6 +1668,7 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
         }
     }
     let run_busy = serve::busy_share(run_machine, serve::machine_cpu());
+    let run_steal = serve::busy_share(run_steal, serve::machine_steal());
     let run_wall = run_started.elapsed();
     let run_all = serve::all_processes_cpu().saturating_sub(run_all);
     let run_others = run_all.saturating_sub(ours_cpu().saturating_sub(run_ours));
@@ -1654,6 +1701,23 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
             )
         })
         .collect();
+    let slow: Vec<String> = open
+        .iter()
+        .filter_map(|p| {
+            let seconds = p.open.as_ref()?.slow_seconds(TARGET_P99);
+            (!seconds.is_empty())
+                .then(|| format!("round {} {}: {}", p.round, p.server, seconds.join("; ")))
+        })
+        .collect();
+    println!(
+        "open-loop seconds with p99 >= {} ms or an exchange not right: {}",
+        TARGET_P99.as_millis(),
+        if slow.is_empty() {
+            "none".to_owned()
+        } else {
+            slow.join(" | ")
+        }
+    );
     println!(
         "failed exchanges: {}",
         if failed.is_empty() {
@@ -1685,11 +1749,12 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
     );
     println!(
         "machine over the rounds: {:.0} % of all cores busy by /proc/stat, {:.0} % by every \
-         process's CPU, of which {:.0} % by processes outside this run; load average {} at the \
-         start of the rounds, {} at the end; total {:.1} s",
+         process's CPU, of which {:.0} % by processes outside this run; {:.1} % stolen by the \
+         host; load average {} at the start of the rounds, {} at the end; total {:.1} s",
         run_busy * 100.0,
         share(run_all, run_wall) * 100.0,
         share(run_others, run_wall) * 100.0,
+        run_steal * 100.0,
         run_load,
         serve::load_average(),
         started.elapsed().as_secs_f64()
@@ -1746,7 +1811,7 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
         options.reviews
     );
     println!(
-        "| round | server | right (exact bytes) | wrong | failed / unanswered | s | reviews/s | server CPU ms/review | responder CPU ms/review | GETs/review | client CPU ms/review | machine busy: /proc/stat / all processes / others | load avg |"
+        "| round | server | right (exact bytes) | wrong | failed / unanswered | s | reviews/s | server CPU ms/review | responder CPU ms/review | GETs/review | client CPU ms/review | machine busy: /proc/stat / all processes / others / steal | load avg |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in closed {
@@ -1785,7 +1850,7 @@ fn report(options: &Options, closed: &[Phase], open: &[Phase]) {
         options.duration.as_secs_f64()
     );
     println!(
-        "| round | server | scheduled | right | wrong | failed | unanswered | p50 | p90 | p99 | max | sender lag p99 | server CPU ms/review | responder CPU ms/review | GETs/review | machine busy: /proc/stat / all processes / others | load avg |"
+        "| round | server | scheduled | right | wrong | failed | unanswered | p50 | p90 | p99 | max | sender lag p99 | server CPU ms/review | responder CPU ms/review | GETs/review | machine busy: /proc/stat / all processes / others / steal | load avg |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in open {

@@ -409,6 +409,22 @@ pub fn all_processes_cpu() -> Duration {
     Duration::from_nanos(ticks.saturating_mul(1_000_000_000) / clock_ticks())
 }
 
+/// Steal and total jiffies of all cores so far, from the first line of /proc/stat: the time a
+/// virtual machine's cores were ready to run but its host ran something else.
+pub fn machine_steal() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().take(8).sum();
+    (fields.get(7).copied().unwrap_or(0), total)
+}
+
 /// The share of all cores' time that was busy between two [`machine_cpu`] readings.
 pub fn busy_share(before: (u64, u64), after: (u64, u64)) -> f64 {
     let busy = after.0.saturating_sub(before.0);
