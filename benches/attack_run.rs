@@ -48,11 +48,12 @@
 
 #[path = "common/mode.rs"]
 mod mode;
+#[path = "common/serve.rs"]
+mod serve;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -70,7 +71,9 @@ use kube::api::PostParams;
 use mode::Mode;
 use rustls_pki_types::ServerName;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use serve::{
+    Files, SERVER_NAME, Serve, load_average, machine_cpu, open_files_limit, process_cpu, status_kib,
+};
 
 /// The namespace of every review, opted in.
 const NAMESPACE: &str = "shop";
@@ -81,9 +84,6 @@ const TOKEN: &str = "confighash-attack-token";
 const CONFIG_MAPS: [&str; 3] = ["app-config", "feature-flags", "nginx-conf"];
 /// The Secrets of `shop`; the normal review references both.
 const SECRETS: [&str; 2] = ["api-keys", "db-credentials"];
-/// The names the serving certificate is for.
-const SERVING_NAMES: &[&str] = &["confighash.confighash.svc", "localhost", "127.0.0.1"];
-const SERVER_NAME: &str = "confighash.confighash.svc";
 /// 32 bytes of HMAC key.
 const KEY: &[u8] = b"attack-run-key-0123456789abcdef!";
 /// Each attack review is answered or given up on within this.
@@ -408,344 +408,12 @@ impl Standin {
 
     /// A kubeconfig for confighash's ServiceAccount, in its own namespace.
     fn kubeconfig(&self) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: standin\n  cluster:\n    server: {}\n\
-             users:\n- name: confighash\n  user:\n    token: {TOKEN}\ncontexts:\n- name: standin\n  \
-             context:\n    cluster: standin\n    user: confighash\n    namespace: {OWN_NAMESPACE}\n\
-             current-context: standin\n",
-            self.api.url()
-        )
+        serve::kubeconfig(&self.api.url(), TOKEN, OWN_NAMESPACE)
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// The serve process
-
-/// The release binary: `CONFIGHASH_ATTACK_BINARY`, or built now with cargo.
-fn release_binary(options: &Options) -> Result<(PathBuf, String), String> {
-    if let Some(path) = &options.binary {
-        return Ok((
-            path.clone(),
-            "CONFIGHASH_ATTACK_BINARY, not built".to_owned(),
-        ));
-    }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    // Its own target directory: `cargo bench` and this build would otherwise rebuild each
-    // other's units of ring, rustls and kube in target/release on every run.
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map_or_else(
-            || Path::new(env!("CARGO_MANIFEST_DIR")).join("target"),
-            PathBuf::from,
-        )
-        .join("attack-run");
-    let started = Instant::now();
-    let output = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--bin",
-            "confighash",
-            "--message-format=json-render-diagnostics",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("running cargo: {e}"))?;
-    if !output.status.success() {
-        return Err(format!("cargo build --release failed: {}", output.status));
-    }
-    let executable = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "confighash")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or("cargo named no confighash executable")?;
-    Ok((
-        executable,
-        format!(
-            "built by cargo build --release --locked --bin confighash --target-dir {} in {:.1} s",
-            target_dir.display(),
-            started.elapsed().as_secs_f64()
-        ),
-    ))
-}
-
-/// The files serve is started with.
-struct Files {
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-    hmac_key: PathBuf,
-}
-
-impl Files {
-    fn write(standin: &Standin, ca: &TestCa) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("confighash-attack-run-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let pair = ca.issue(SERVING_NAMES);
-        let files = Files {
-            kubeconfig: dir.join("kubeconfig"),
-            cert: dir.join("tls.crt"),
-            key: dir.join("tls.key"),
-            hmac_key: dir.join("hmac.key"),
-            dir,
-        };
-        std::fs::write(&files.kubeconfig, standin.kubeconfig()).expect("write the kubeconfig");
-        std::fs::write(&files.cert, &pair.cert_pem).expect("write tls.crt");
-        std::fs::write(&files.key, &pair.key_pem).expect("write tls.key");
-        std::fs::write(&files.hmac_key, KEY).expect("write the key");
-        files
-    }
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-struct Serve {
-    child: Child,
-    pid: u32,
-    webhook: SocketAddr,
-    admin: SocketAddr,
-    log: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
-    listener.local_addr().expect("its address")
-}
-
-/// A plain HTTP/1.0 GET on the admin port: status and body.
-async fn admin_get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut buf = Vec::new();
-        stream
-            .read_to_end(&mut buf)
-            .await
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("no status line in {text:?}"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Ok((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .map_err(|_| "no answer within 5 s".to_owned())?
-}
-
-impl Serve {
-    /// Starts serve and waits for `/readyz` and the watcher's initial sync.
-    async fn start(
-        binary: &Path,
-        files: &Files,
-        extra: &[String],
-        tag: &str,
-    ) -> Result<Self, String> {
-        let (webhook, admin) = (free_port(), free_port());
-        let log = files.dir.join(format!("serve-{tag}.log"));
-        let mut command = Command::new(binary);
-        command
-            .arg("serve")
-            .arg("--listen")
-            .arg(webhook.to_string())
-            .arg("--admin-listen")
-            .arg(admin.to_string())
-            .arg("--tls-cert")
-            .arg(&files.cert)
-            .arg("--tls-key")
-            .arg(&files.key)
-            .arg("--key-file")
-            .arg(&files.hmac_key)
-            .args(["--leader-elect", "false"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(
-                std::fs::File::create(&log).map_err(|e| e.to_string())?,
-            ))
-            .stderr(Stdio::from(
-                std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(&log)
-                    .map_err(|e| e.to_string())?,
-            ));
-        // Only what is set here reaches it: no flag from this shell's CONFIGHASH_* variables,
-        // and no in-cluster configuration.
-        for (name, _) in std::env::vars_os() {
-            let name_str = name.to_string_lossy();
-            if name_str.starts_with("CONFIGHASH_") || name_str.starts_with("KUBERNETES_") {
-                command.env_remove(&name);
-            }
-        }
-        command.env("KUBECONFIG", &files.kubeconfig);
-        let child = command
-            .spawn()
-            .map_err(|e| format!("spawning serve: {e}"))?;
-        let pid = child.id();
-        let mut serve = Serve {
-            child,
-            pid,
-            webhook,
-            admin,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut ready = false;
-        let mut synced = false;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = serve.child.try_wait() {
-                return Err(format!("serve exited with {status}: {}", serve.log_tail()));
-            }
-            if !ready {
-                ready = matches!(admin_get(admin, "/readyz").await, Ok((200, _)));
-            }
-            if ready {
-                synced = matches!(admin_get(admin, "/metrics").await,
-                    Ok((200, m)) if m.lines().any(|l| l.trim() == "confighash_watcher_cache_synced 1"));
-                if synced {
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if !ready || !synced {
-            return Err(format!(
-                "serve not ready (readyz {ready}, watcher synced {synced}) within 30 s: {}",
-                serve.log_tail()
-            ));
-        }
-        Ok(serve)
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(10)..].join("\n")
-    }
-
-    /// Lines serve logged, and how many of them at WARN or ERROR.
-    fn log_counts(&self) -> (usize, usize) {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let warn = text
-            .lines()
-            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
-            .count();
-        (text.lines().count(), warn)
-    }
-
-    /// `confighash_webhook_lookups_total` summed by outcome.
-    async fn lookups(&self) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
-        if let Ok((200, text)) = admin_get(self.admin, "/metrics").await {
-            for line in text
-                .lines()
-                .filter(|l| l.starts_with("confighash_webhook_lookups_total{"))
-            {
-                let outcome = line
-                    .split("outcome=\"")
-                    .nth(1)
-                    .and_then(|s| s.split('"').next())
-                    .unwrap_or("?");
-                let value = line
-                    .rsplit(' ')
-                    .next()
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(0.0);
-                *out.entry(outcome.to_owned()).or_default() += value as u64;
-            }
-        }
-        out
-    }
-}
-
-/// A `/proc/<pid>/status` field in KiB.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with(field))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// User + system CPU time of a process, from `/proc/<pid>/stat` (USER_HZ 100).
-fn process_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i - 3)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Duration::from_millis((ticks(14) + ticks(15)) * 10)
-}
-
-/// Busy and total jiffies of all cores, from the first line of /proc/stat.
-fn machine_cpu() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let total: u64 = fields.iter().take(8).sum();
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    (total - idle, total)
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .next()
-        .unwrap_or("?")
-        .to_owned()
-}
-
-fn open_files_limit(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/limits"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Max open files"))
-        .and_then(|l| l.split_whitespace().nth(3).map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
-}
+// The serve process: `serve::Serve`, `serve::Files` and `serve::release_binary` (benches/common/serve.rs)
 
 /// Samples VmRSS every 10 ms (and open files every 100 ms) until stopped.
 struct Sampler {
@@ -1197,19 +865,14 @@ fn report(figures: &[Figures]) {
 async fn run(options: Options) -> Result<(), String> {
     let (binary, how) = tokio::task::spawn_blocking({
         let options = options.clone();
-        move || release_binary(&options)
+        move || serve::release_binary(options.binary.as_deref(), "CONFIGHASH_ATTACK_BINARY")
     })
     .await
     .expect("the build")?;
     let standin = Standin::start().await;
     let ca = TestCa::new("attack_run CA");
-    let files = Files::write(&standin, &ca);
-    let modified = std::fs::metadata(&binary)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .map(|d| format!("{:.0} s ago", d.as_secs_f64()))
-        .unwrap_or_default();
+    let files = Files::write("attack-run", &standin.kubeconfig(), &ca, KEY);
+    let modified = serve::modified_ago(&binary);
     println!(
         "attack_run{}: binary {} ({how}; modified {modified})",
         if options.quick { " (quick)" } else { "" },
