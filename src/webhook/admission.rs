@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
+use super::old_object::OldObject;
 use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
 use crate::core::names::{UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES};
@@ -233,8 +234,9 @@ struct Request {
     operation: Option<String>,
     #[serde(default)]
     object: Option<Value>,
+    /// Only what the rules read of it ([`OldObject`]).
     #[serde(default)]
-    old_object: Option<Value>,
+    old_object: Option<OldObject>,
 }
 
 /// A review that cannot be answered: 400 (or 413, 503) with a JSON message.
@@ -614,7 +616,7 @@ impl Webhook {
             stamp: info.stamp.as_deref(),
             marker: info.marker,
         };
-        let trigger = match (operation, request.old_object.as_ref()) {
+        let trigger = match (operation, request.old_object.as_ref().map(|o| &o.0)) {
             ("UPDATE", Some(old)) if old.is_object() => {
                 let (stamp, marker) = workload::stamp_and_marker(kind, old);
                 Trigger::Update {
