@@ -41,8 +41,10 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 /// Idle connections kept for later GETs; more than this are closed once their answer is read.
-/// The webhook's shared cap on reads in flight bounds how many are open at once.
-pub const MAX_IDLE_CONNECTIONS: usize = 64;
+/// The webhook's shared cap on reads in flight bounds how many are open at once; keeping as many
+/// idle as it allows means a burst after a lull opens no new connection (closing and opening
+/// them under load cost both sides CPU when it was scarcest).
+pub const MAX_IDLE_CONNECTIONS: usize = 128;
 
 /// What a GET failed with: transport and credential errors. They carry no answer body.
 #[derive(Debug, thiserror::Error)]

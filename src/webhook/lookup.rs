@@ -505,8 +505,11 @@ impl rules::View for Resolved {
 /// within the same deadline, not all at once against the API server.
 pub const MAX_CONCURRENT_READS: usize = 16;
 
-/// The default cap on reads in flight for all reviews together.
-pub const DEFAULT_MAX_READS_IN_FLIGHT: usize = 32;
+/// The default cap on reads in flight for all reviews together. At 1,000 reviews/s of 10
+/// references each, 32 places held reviews back whenever a GET took more than 3 ms (32 divided
+/// by the latency is the most reads per second): on a busy node the queue then grew faster than
+/// it drained, and reviews were refused for memory (BENCHMARKS.md section 11).
+pub const DEFAULT_MAX_READS_IN_FLIGHT: usize = 128;
 
 /// A cap on reads in flight, handed out in turn across reviews: when reads wait, the next free
 /// place goes to the review after the one served last, not to the one that asked first. A review
