@@ -199,10 +199,10 @@ pub fn object_path(namespace: &str, object: &ObjectRef) -> Result<String, PathEr
 /// Reads straight from the API server. A get without a resourceVersion is a consistent (quorum)
 /// read, so a ConfigMap written just before its Deployment is seen.
 ///
-/// The answer is read by hand rather than through `kube::Api`: the client library logs a body it
-/// cannot parse (at WARN) and error bodies (at DEBUG), and either can hold Secret data. Here the
-/// body is decoded into the few fields the recipe needs, each value hashed as it is decoded, and
-/// errors say only what was wrong.
+/// The answer is read by hand, through [`Getter`], rather than through `kube::Api`: the client
+/// library logs a body it cannot parse (at WARN) and error bodies (at DEBUG), and either can hold
+/// Secret data. Here the body is decoded into the few fields the recipe needs, each value hashed
+/// as it is decoded, and errors say only what was wrong.
 pub struct KubeSource {
     getter: Getter,
 }
