@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use super::old_object::OldObject;
+use super::pruned::{Object, OldObject};
 use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
 use crate::core::names::{UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES};
@@ -232,8 +232,9 @@ struct Request {
     name: Option<String>,
     #[serde(default)]
     operation: Option<String>,
+    /// All of it but what nothing here reads ([`Object`]).
     #[serde(default)]
-    object: Option<Value>,
+    object: Option<Object>,
     /// Only what the rules read of it ([`OldObject`]).
     #[serde(default)]
     old_object: Option<OldObject>,
@@ -592,7 +593,7 @@ impl Webhook {
                 .request(label, operation, Outcome::Skipped.as_str());
             return Ok(None);
         }
-        let Some(object) = request.object.as_ref() else {
+        let Some(object) = request.object.as_ref().map(|o| &o.0) else {
             tracing::warn!("review without an object; allowed unchanged");
             self.metrics
                 .request(label, operation, Outcome::Skipped.as_str());

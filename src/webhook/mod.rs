@@ -7,6 +7,6 @@
 
 pub mod admission;
 pub mod lookup;
-pub mod old_object;
+pub mod pruned;
 pub mod server;
 pub mod tls;

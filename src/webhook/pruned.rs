@@ -1,4 +1,8 @@
-//! A review's `oldObject`, read only as far as the stamp rules look into it.
+//! A review's `object` and `oldObject`, read only as far as the webhook looks into them.
+//!
+//! `object` is read whole but for `status` and `metadata.managedFields`, which nothing here
+//! reads and which a real API server sends with every object (managedFields often as large as
+//! the spec); they are skipped as they are read ([`Object`]).
 //!
 //! On UPDATE the rules need three annotations of the object as it was: the stamp and
 //! `kubectl.kubernetes.io/restartedAt` on the pod template, and the unstamped marker on the
@@ -31,7 +35,25 @@ enum Keep {
     /// Of an object, these members (each kept as its own [`Keep`] says) and no other; a value
     /// that is not an object, whole.
     Members(&'static [(&'static str, Keep)]),
+    /// Of an object, every member but those in `skip`, those in `within` kept as their own
+    /// [`Keep`] says, the others whole; a value that is not an object, whole.
+    AllBut {
+        skip: &'static [&'static str],
+        within: &'static [(&'static str, Keep)],
+    },
 }
+
+/// What the webhook reads of `object`: all of it but `status` and `metadata.managedFields`.
+const OBJECT: Keep = Keep::AllBut {
+    skip: &["status"],
+    within: &[(
+        "metadata",
+        Keep::AllBut {
+            skip: &["managedFields"],
+            within: &[],
+        },
+    )],
+};
 
 const ANNOTATIONS: Keep = Keep::Members(&[("annotations", Keep::All)]);
 const TEMPLATE: Keep = Keep::Members(&[("metadata", ANNOTATIONS)]);
@@ -63,6 +85,16 @@ impl<'de> Deserialize<'de> for OldObject {
     }
 }
 
+/// `object` without `status` and `metadata.managedFields` ([`OBJECT`]).
+#[derive(Debug)]
+pub struct Object(pub Value);
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Pruned(&OBJECT).deserialize(d).map(Object)
+    }
+}
+
 /// Parses a value keeping what a [`Keep`] says.
 struct Pruned(&'static Keep);
 
@@ -72,12 +104,12 @@ impl<'de> DeserializeSeed<'de> for Pruned {
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
         match self.0 {
             Keep::All => Value::deserialize(d),
-            Keep::Members(members) => d.deserialize_any(PrunedVisitor(members)),
+            keep => d.deserialize_any(PrunedVisitor(keep)),
         }
     }
 }
 
-struct PrunedVisitor(&'static [(&'static str, Keep)]);
+struct PrunedVisitor(&'static Keep);
 
 impl<'de> Visitor<'de> for PrunedVisitor {
     type Value = Value;
@@ -90,11 +122,11 @@ impl<'de> Visitor<'de> for PrunedVisitor {
         let mut kept = Map::new();
         while let Some(member) = map.next_key_seed(MemberName(self.0))? {
             match member {
-                Some((name, keep)) => {
+                Member::Keep(name, keep) => {
                     let value = map.next_value_seed(Pruned(keep))?;
-                    kept.insert((*name).to_owned(), value);
+                    kept.insert(name.into_owned(), value);
                 }
-                None => {
+                Member::Skip => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
@@ -139,11 +171,19 @@ impl<'de> Visitor<'de> for PrunedVisitor {
     }
 }
 
-/// A member's name: which kept member it is, if any, read without a copy of the name.
-struct MemberName(&'static [(&'static str, Keep)]);
+/// What to do with a member, by its name.
+enum Member<'a> {
+    /// Keep it, under this name, as the [`Keep`] says.
+    Keep(std::borrow::Cow<'a, str>, &'static Keep),
+    Skip,
+}
+
+/// A member's name, read into what to do with the member: a name that is skipped is never
+/// copied.
+struct MemberName(&'static Keep);
 
 impl<'de> DeserializeSeed<'de> for MemberName {
-    type Value = Option<&'static (&'static str, Keep)>;
+    type Value = Member<'static>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_str(self)
@@ -151,14 +191,31 @@ impl<'de> DeserializeSeed<'de> for MemberName {
 }
 
 impl<'de> Visitor<'de> for MemberName {
-    type Value = Option<&'static (&'static str, Keep)>;
+    type Value = Member<'static>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a member name")
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.0.iter().find(|(name, _)| *name == v))
+        let find =
+            |members: &'static [(&'static str, Keep)]| members.iter().find(|(name, _)| *name == v);
+        Ok(match self.0 {
+            Keep::All => Member::Keep(v.to_owned().into(), &Keep::All),
+            Keep::Members(members) => match find(members) {
+                Some((name, keep)) => Member::Keep((*name).into(), keep),
+                None => Member::Skip,
+            },
+            Keep::AllBut { skip, within } => {
+                if skip.contains(&v) {
+                    Member::Skip
+                } else if let Some((name, keep)) = find(within) {
+                    Member::Keep((*name).into(), keep)
+                } else {
+                    Member::Keep(v.to_owned().into(), &Keep::All)
+                }
+            }
+        })
     }
 }
 
@@ -280,6 +337,41 @@ mod tests {
         }
     }
 
+    /// `object` as the webhook reads it: the whole object but `status` and
+    /// `metadata.managedFields`, members in their order, the last of duplicates counting.
+    #[test]
+    fn object_is_read_whole_but_status_and_managed_fields() {
+        for text in [
+            r#"{"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+                             "labels": {"confighash.dev/enabled": "true"}, "annotations": {"a": "b"}},
+                "spec": {"template": {"metadata": {"annotations": {"confighash.dev/checksum": "v2:a:1"}},
+                                      "spec": {"containers": [{"name": "c", "envFrom": [{"configMapRef": {"name": "x"}}]}]}},
+                         "status": "a spec member of that name is kept"},
+                "status": {"replicas": 3, "conditions": [{"type": "Available"}]}}"#,
+            r#"{"metadata": "not an object", "status": 1}"#,
+            r#"{"metadata": {"managedFields": 1, "name": "a"}, "metadata": {"name": "b", "managedFields": []}}"#,
+            r#"{"st\u0061tus": {}, "kind": "CronJob"}"#,
+            r#"[{"status": 1}]"#,
+            "null",
+        ] {
+            let mut whole: Value = serde_json::from_str(text).unwrap();
+            if let Some(o) = whole.as_object_mut() {
+                o.shift_remove("status");
+                if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.shift_remove("managedFields");
+                }
+            }
+            let pruned = serde_json::from_str::<Object>(text).unwrap().0;
+            assert_eq!(pruned, whole, "{text}");
+            assert_eq!(
+                serde_json::to_string(&pruned).unwrap(),
+                serde_json::to_string(&whole).unwrap(),
+                "members in the same order: {text}"
+            );
+        }
+    }
+
     #[test]
     fn malformed_json_is_still_refused() {
         for text in [
@@ -288,6 +380,7 @@ mod tests {
             r#"{"spec": {"template": }}"#,
         ] {
             assert!(serde_json::from_str::<OldObject>(text).is_err(), "{text}");
+            assert!(serde_json::from_str::<Object>(text).is_err(), "{text}");
         }
     }
 }
