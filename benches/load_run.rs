@@ -85,6 +85,8 @@ mod fixture;
 mod kubelet_volume;
 #[path = "common/mode.rs"]
 mod mode;
+#[path = "common/serve.rs"]
+mod procs;
 use kubelet_volume::SecretVolume;
 use mode::Mode;
 
@@ -1173,7 +1175,7 @@ async fn phase(env: &Env, options: &Options, number: u8, faults: bool) -> (Tally
     }
     let start = Instant::now();
     let cpu_before = process_cpu();
-    let machine_before = machine_cpu();
+    let machine_before = procs::machine_cpu();
     let renew = async {
         if faults {
             let third = options.duration / 3;
@@ -1185,7 +1187,7 @@ async fn phase(env: &Env, options: &Options, number: u8, faults: bool) -> (Tally
     let (raw, renewed) = tokio::join!(open_loop(env, options, number, options.duration), renew);
     env.api.clear_faults();
     let cpu = process_cpu().saturating_sub(cpu_before);
-    let machine_after = machine_cpu();
+    let machine_after = procs::machine_cpu();
     let metrics_after = metric_snapshot(&env.metrics);
     let check = namespace_name(CHECK_NAMESPACE);
     let (checks, load): (Vec<_>, Vec<_>) = env.api.injected_faults()[faults_before..]
@@ -1209,39 +1211,9 @@ async fn phase(env: &Env, options: &Options, number: u8, faults: bool) -> (Tally
     (t, renewed)
 }
 
-/// Busy and total jiffies of all cores so far, from the first line of /proc/stat.
-fn machine_cpu() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let total: u64 = fields.iter().take(8).sum();
-    // idle and iowait
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    (total - idle, total)
-}
-
-/// User and system CPU time of this process so far (all threads), from /proc/self/stat.
+/// User and system CPU time of this process so far (all threads).
 fn process_cpu() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which is in parentheses): state is field 3, utime 14, stime 15.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i - 3)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // USER_HZ is 100 on Linux.
-    Duration::from_millis((ticks(14) + ticks(15)) * 10)
+    procs::process_cpu(std::process::id())
 }
 
 // ---------------------------------------------------------------------------------------------
