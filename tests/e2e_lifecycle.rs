@@ -17,7 +17,7 @@ use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{Env, Setup};
 
@@ -74,17 +74,7 @@ async fn on_delete_stateful_set(env: &Env, name: &str, refs: &[(&str, &str)]) {
 
 /// The ConfigChanged Events recorded for the workload `name`.
 async fn config_changed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("ConfigChanged")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
+    env.recorded_events(NS, name, "ConfigChanged").await
 }
 
 #[tokio::test]
@@ -596,17 +586,7 @@ async fn the_event_of_a_retried_touch_names_the_config_map() {
 
 /// The TouchFailed Events recorded for the workload `name`.
 async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("TouchFailed")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
+    env.recorded_events(NS, name, "TouchFailed").await
 }
 
 /// A touch that keeps failing (here: confighash's RBAC lost `patch` on Deployments) records one

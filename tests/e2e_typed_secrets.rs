@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use support::{Env, Setup};
 
@@ -130,17 +130,7 @@ fn patches_of_deployments(env: &Env) -> usize {
 
 /// The ConfigChanged Events recorded for the workload `name`.
 async fn config_changed_events(env: &Env, namespace: &str, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), &env.ns(namespace))
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("ConfigChanged")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
+    env.recorded_events(namespace, name, "ConfigChanged").await
 }
 
 /// `web` mounts a Secret of this type and uses the ConfigMap `app-env`; a change of the

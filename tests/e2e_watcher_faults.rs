@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use support::{DEADLINE, Env, Setup, WINDOW};
 
@@ -44,17 +44,7 @@ fn most_touches_within(elapsed: Duration, retry_base: Duration) -> usize {
 
 /// `TouchFailed` Events on a workload of the namespace.
 async fn touch_failed_events(env: &Env, name: &str) -> Vec<Event> {
-    Api::<Event>::namespaced(env.client.clone(), &env.ns(NS))
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("TouchFailed")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
+    env.recorded_events(NS, name, "TouchFailed").await
 }
 
 #[tokio::test]

@@ -619,6 +619,16 @@ impl Env {
 
     /// How many Events with `reason` are recorded on the object `name` in `namespace`.
     pub async fn events(&self, namespace: &str, name: &str, reason: &str) -> usize {
+        self.recorded_events(namespace, name, reason).await.len()
+    }
+
+    /// The Events of `reason` recorded on the workload `name` in `namespace`.
+    pub async fn recorded_events(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+    ) -> Vec<k8s_openapi::api::events::v1::Event> {
         Api::<k8s_openapi::api::events::v1::Event>::namespaced(
             self.client.clone(),
             &self.ns(namespace),
@@ -627,12 +637,12 @@ impl Env {
         .await
         .unwrap()
         .items
-        .iter()
+        .into_iter()
         .filter(|e| {
             e.reason.as_deref() == Some(reason)
                 && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
         })
-        .count()
+        .collect()
     }
 
     /// Polls until the workload has rolled `n` times.
