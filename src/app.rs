@@ -150,6 +150,9 @@ pub struct SelfSigned {
     /// The MutatingWebhookConfiguration whose caBundle is kept current
     /// (`--webhook-configuration`).
     pub webhook_configuration: String,
+    /// More names the serving certificate carries besides the Service's (`--self-signed-name`):
+    /// host names, or IP addresses (IP SANs), for an API server that calls the webhook by URL.
+    pub extra_names: Vec<String>,
 }
 
 /// The watcher's pace.
@@ -246,6 +249,7 @@ impl SelfSigned {
             service: crate::certs::selfsigned::DEFAULT_SERVICE.to_owned(),
             webhook_configuration: crate::certs::selfsigned::DEFAULT_WEBHOOK_CONFIGURATION
                 .to_owned(),
+            extra_names: Vec::new(),
         }
     }
 }
@@ -512,6 +516,7 @@ impl App {
             secret_name: names.secret.clone(),
             service: names.service.clone(),
             webhook_configuration: names.webhook_configuration.clone(),
+            extra_names: names.extra_names.clone(),
             ..SelfSignedConfig::new(
                 namespace,
                 config.certs.cert.clone(),

@@ -191,6 +191,19 @@ pub struct ServeArgs {
     /// --webhook-configuration current (for the Service --service in the pod's namespace).
     #[arg(long, env = "CONFIGHASH_SELF_SIGNED_CERTS")]
     pub self_signed_certs: bool,
+    /// With --self-signed-certs, one more name the serving certificate carries besides the
+    /// Service's: a DNS name, or an IP address (an IP SAN), for an API server that calls the
+    /// webhook at a URL (the chart's `webhook.url`). Repeatable; comma separated in the
+    /// environment.
+    #[arg(
+        long = "self-signed-name",
+        env = "CONFIGHASH_SELF_SIGNED_NAME",
+        value_name = "NAME",
+        value_delimiter = ',',
+        requires = "self_signed_certs",
+        value_parser = parse_certificate_name
+    )]
+    pub self_signed_names: Vec<String>,
     /// HMAC key file: its bytes exactly as they are (at least 16).
     #[arg(
         long,
@@ -344,6 +357,7 @@ impl ServeArgs {
                     secret: self.certs_secret.clone(),
                     service: self.service.clone(),
                     webhook_configuration: self.webhook_configuration.clone(),
+                    extra_names: self.self_signed_names.clone(),
                 }),
             },
             client_ca_file: self.client_ca_file.clone(),
@@ -411,6 +425,30 @@ fn parse_namespace(s: &str) -> Result<String, String> {
         Ok(s.to_owned())
     } else {
         Err(format!("{s:?} is not a namespace name (a DNS-1123 label)"))
+    }
+}
+
+/// A name for the self-signed serving certificate: an IP address, or a DNS name (lowercase
+/// RFC 1123 labels, a leading `*.` allowed, at most 253 characters).
+fn parse_certificate_name(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(s.to_owned());
+    }
+    let host = s.strip_prefix("*.").unwrap_or(s);
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if !host.is_empty() && s.len() <= 253 && host.split('.').all(label_ok) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is neither an IP address nor a DNS name (lowercase labels of letters, digits and '-')"
+        ))
     }
 }
 
@@ -652,6 +690,8 @@ mod tests {
             "--certs-secret=c",
             "--service=s",
             "--webhook-configuration=w",
+            "--self-signed-name=127.0.0.1",
+            "--self-signed-name=hook.example.test",
             "--tls-cert=/t.crt",
             "--tls-key=/t.key",
             "--client-ca-file=/ca.crt",
@@ -681,6 +721,7 @@ mod tests {
                         secret: "c".into(),
                         service: "s".into(),
                         webhook_configuration: "w".into(),
+                        extra_names: vec!["127.0.0.1".into(), "hook.example.test".into()],
                     }),
                 },
                 client_ca_file: Some("/ca.crt".into()),
@@ -715,5 +756,26 @@ mod tests {
     fn serve_dry_run_reaches_the_config() {
         assert!(serve(&["--dry-run"]).to_config().dry_run);
         assert!(!serve(&[]).to_config().dry_run);
+    }
+
+    #[test]
+    fn self_signed_names_are_checked_and_need_self_signed_certs() {
+        let parse = |flags: &[&str]| {
+            Cli::try_parse_from(["confighash", "serve"].iter().chain(flags)).map(|_| ())
+        };
+        for good in ["127.0.0.1", "::1", "hook.example.test", "*.example.test", "a-b"] {
+            let flag = format!("--self-signed-name={good}");
+            assert!(
+                parse(&["--self-signed-certs", &flag]).is_ok(),
+                "{good} is refused"
+            );
+        }
+        for bad in ["", "Hook.example", "-a.b", "a..b", "a/b", "127.0.0.1:8443", "*."] {
+            let flag = format!("--self-signed-name={bad}");
+            let error = parse(&["--self-signed-certs", &flag]).unwrap_err().to_string();
+            assert!(error.contains("--self-signed-name"), "{bad:?}: {error}");
+        }
+        let alone = parse(&["--self-signed-name=127.0.0.1"]).unwrap_err().to_string();
+        assert!(alone.contains("--self-signed-certs"), "{alone}");
     }
 }

@@ -288,6 +288,13 @@ extraVolumeMounts:
         excluded: &["legacy", "sandbox"],
     },
     ValuesSet {
+        name: "a webhook URL (development)",
+        release: "ch",
+        namespace: "platform",
+        values: "webhook:\n  url: https://127.0.0.1:18443/mutate\n",
+        excluded: &[],
+    },
+    ValuesSet {
         name: "a release whose name says confighash, in another namespace",
         release: "confighash-prod",
         namespace: "ops",
@@ -604,6 +611,17 @@ fn every_values_set_renders_an_installation_that_holds_together() {
                 );
             }
             "every flag" => check_every_flag(&objects, &install, &serve, &pending),
+            "a webhook URL (development)" => {
+                let configuration = find(&objects, "MutatingWebhookConfiguration", &install.name);
+                for entry in configuration["webhooks"].as_array().unwrap() {
+                    assert_eq!(
+                        entry["clientConfig"],
+                        json!({"url": "https://127.0.0.1:18443/mutate"})
+                    );
+                }
+                assert!(serve.self_signed_certs);
+                assert_eq!(serve.self_signed_names, ["127.0.0.1"], "the URL's host");
+            }
             other => panic!("no checks for {other}"),
         }
     }

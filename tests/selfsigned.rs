@@ -233,3 +233,45 @@ async fn renewal_and_ca_rotation_fail_no_request() {
     assert!(ok > 0);
     running.shutdown().await;
 }
+
+/// `--self-signed-name 127.0.0.1`, added to a release whose Secret already holds a pair without
+/// it: the serving certificate is re-issued by the same CA with the IP address as an IP SAN, so
+/// an API server calling the webhook at `https://127.0.0.1:PORT` (the chart's `webhook.url`)
+/// verifies it with the published bundle, which does not change.
+#[tokio::test]
+async fn an_added_name_reissues_the_certificate_from_the_same_ca() {
+    let (_api, client) = cluster().await;
+    let dir = tempfile::tempdir().unwrap();
+    let before = config(dir.path());
+    selfsigned::ensure(&client, &before).await.unwrap();
+    let bundle = published_bundle(&client).await;
+    let first = std::fs::read(dir.path().join("tls.crt")).unwrap();
+    let running = start_webhook(&client, dir.path()).await;
+    let port = running.webhook_addr.port();
+    let by_ip = || async {
+        HttpsClient::new(&published_bundle(&client).await)
+            .post(&format!("https://127.0.0.1:{port}/mutate"), b"{}".to_vec())
+            .await
+            .map(|r| r.status)
+    };
+    assert!(
+        by_ip().await.is_err(),
+        "the Service-only certificate does not verify for 127.0.0.1"
+    );
+
+    let mut after = config(dir.path());
+    after.extra_names = vec!["127.0.0.1".into()];
+    selfsigned::ensure(&client, &after).await.unwrap();
+    let second = std::fs::read(dir.path().join("tls.crt")).unwrap();
+    assert_ne!(first, second, "re-issued");
+    assert_eq!(published_bundle(&client).await, bundle, "the same CA");
+    // The certificate store polls the files every 20 ms.
+    wait::eventually("the re-issued certificate to be served", async || {
+        by_ip().await == Ok(400)
+    })
+    .await;
+    // Nothing more is due: a second pass leaves the pair as it is.
+    selfsigned::ensure(&client, &after).await.unwrap();
+    assert_eq!(std::fs::read(dir.path().join("tls.crt")).unwrap(), second);
+    running.shutdown().await;
+}

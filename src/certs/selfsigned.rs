@@ -54,6 +54,9 @@ pub struct SelfSignedConfig {
     pub service: String,
     /// The MutatingWebhookConfiguration whose caBundle is kept current.
     pub webhook_configuration: String,
+    /// More names the serving certificate carries besides the Service's (`--self-signed-name`;
+    /// IP addresses become IP SANs).
+    pub extra_names: Vec<String>,
     /// Where the serving pair is written for the certificate store to load.
     pub cert_path: PathBuf,
     pub key_path: PathBuf,
@@ -83,6 +86,7 @@ impl SelfSignedConfig {
             secret_name: DEFAULT_SECRET_NAME.to_owned(),
             service: DEFAULT_SERVICE.to_owned(),
             webhook_configuration: DEFAULT_WEBHOOK_CONFIGURATION.to_owned(),
+            extra_names: Vec::new(),
             cert_path,
             key_path,
             ca_validity: Duration::from_secs(3650 * DAY),
@@ -244,8 +248,45 @@ fn validity(pem: &str, secret: &str) -> Result<(SystemTime, SystemTime), SelfSig
     ))
 }
 
+/// The names the serving certificate must carry: the Service's, then `extra_names`.
 fn names(config: &SelfSignedConfig) -> Vec<String> {
-    crate::certs::certificates::service_names(&config.service, &config.namespace)
+    let mut names = crate::certs::certificates::service_names(&config.service, &config.namespace);
+    for name in &config.extra_names {
+        if !names.contains(name) {
+            names.push(name.clone());
+        }
+    }
+    names
+}
+
+/// Whether the certificate `pem` carries every one of `names` as a subject alternative name
+/// (IP addresses as IP SANs). One that does not parse carries none.
+fn carries(pem: &str, names: &[String]) -> bool {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, der)) = x509_parser::pem::parse_x509_pem(pem.as_bytes()) else {
+        return false;
+    };
+    let Ok(cert) = der.parse_x509() else {
+        return false;
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return false;
+    };
+    let general = &san.value.general_names;
+    names.iter().all(|name| match name.parse::<std::net::IpAddr>() {
+        Ok(ip) => {
+            let octets = match ip {
+                std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+                std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+            };
+            general
+                .iter()
+                .any(|g| matches!(g, GeneralName::IPAddress(b) if *b == octets.as_slice()))
+        }
+        Err(_) => general
+            .iter()
+            .any(|g| matches!(g, GeneralName::DNSName(d) if d.eq_ignore_ascii_case(name))),
+    })
 }
 
 fn fresh(config: &SelfSignedConfig) -> Result<State, SelfSignedError> {
@@ -294,10 +335,12 @@ fn next(
             ..state.clone()
         }));
     }
-    // 2. The serving certificate comes from an older CA, or nears its end: re-issue it from
-    //    the current CA, but only once the webhook configuration trusts that CA.
+    // 2. The serving certificate comes from an older CA, nears its end, or lacks a name it must
+    //    carry (a name added with --self-signed-name): re-issue it from the current CA, but only
+    //    once the webhook configuration trusts that CA.
     let from_old_ca = state.tls_issuer != ca_fp;
-    if (from_old_ca || tls_expires < now + config.renew_before)
+    let lacks_a_name = !carries(&state.tls_cert, &names(config));
+    if (from_old_ca || lacks_a_name || tls_expires < now + config.renew_before)
         && trusted.contains(state.ca_cert.trim())
     {
         let (tls_cert, tls_key) = issue(

@@ -690,14 +690,10 @@ pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
     }
     assert_eq!(named, expected);
 
-    // The client config reaches the webhook: the installation's Service, port 443, /mutate,
-    // which targets the container's webhook port.
-    let service_ref = webhook.client_config.service.as_ref().expect("a Service");
-    assert_eq!(
-        (service_ref.namespace.as_str(), service_ref.name.as_str()),
-        (install.namespace.as_str(), install.name.as_str())
-    );
-    assert_eq!(service_ref.path.as_deref(), Some("/mutate"));
+    // The Service's port 443 targets the container's webhook port, the one serve listens on
+    // (`check_deployment`). The client config reaches the webhook through that Service, port
+    // 443, /mutate; or, with the chart's webhook.url (development), at an HTTPS URL, a path
+    // that skips the Service, which must still reach serve for every other installation.
     let service: Service = typed(find(objects, "Service", &install.name));
     let port = service
         .spec
@@ -705,11 +701,27 @@ pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
         .ports
         .unwrap()
         .into_iter()
-        .find(|p| Some(p.port) == service_ref.port)
-        .expect("the Service has the webhook's port");
-    assert_eq!(port.port, 443);
+        .find(|p| p.port == 443)
+        .expect("the Service has the webhook's port 443");
     let container_port = container_port(objects, install, port.target_port.as_ref().unwrap());
     assert_eq!(container_port, 8443);
+    match (&webhook.client_config.service, &webhook.client_config.url) {
+        (Some(service_ref), None) => {
+            assert_eq!(
+                (service_ref.namespace.as_str(), service_ref.name.as_str()),
+                (install.namespace.as_str(), install.name.as_str())
+            );
+            assert_eq!(service_ref.path.as_deref(), Some("/mutate"));
+            assert_eq!(service_ref.port, Some(443));
+        }
+        (None, Some(url)) => {
+            assert!(
+                url.starts_with("https://") && url.ends_with("/mutate"),
+                "webhook.url {url}"
+            );
+        }
+        other => panic!("the client config names a Service or a URL, not {other:?}"),
+    }
 
     // The entry for workloads opted in by their own label is the first but for its name and
     // selectors: the same kinds, Service, timeout and policies.

@@ -108,3 +108,19 @@ answered; and a budget that no replica may leave blocks every node drain.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Where the API server sends reviews: the Service, or webhook.url (development: an API server that
+cannot reach Services, such as one without kube-proxy, calls confighash where it runs).
+*/}}
+{{- define "confighash.webhookClient" -}}
+{{- with .Values.webhook.url -}}
+url: {{ . | quote }}
+{{- else -}}
+service:
+  name: {{ include "confighash.fullname" . }}
+  namespace: {{ .Release.Namespace }}
+  port: 443
+  path: /mutate
+{{- end -}}
+{{- end }}

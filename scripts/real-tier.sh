@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# The real tier: confighash as a user runs it, on a real Kubernetes control plane.
+#
+#   scripts/real-tier.sh              # build, start, install, run the e2e scenarios, stop
+#   scripts/real-tier.sh -- --test-threads 1 some_test   # arguments for the test binaries
+#
+# 1. Builds (or reuses) the control plane (scripts/install-control-plane.sh) and helm
+#    (scripts/install-helm.sh), and starts the control plane (scripts/control-plane.sh).
+# 2. Has the real API server judge the chart: the quick start's values, the single-node values
+#    and the cert-manager values (with cert-manager's CRDs applied, no controller) are rendered
+#    with helm and applied with `kubectl apply --server-side --dry-run=server`; then the quick
+#    start's install with `webhook.url` (development: nothing reaches a Service without
+#    kube-proxy) is applied for real.
+# 3. Runs `confighash serve` as a local process, with the chart's own arguments, authenticated
+#    as the chart's ServiceAccount with a token from the TokenRequest API: the chart's RBAC is
+#    exactly what it gets. It makes its certificate (with --self-signed-name 127.0.0.1) and writes
+#    the caBundle into the chart's MutatingWebhookConfiguration, which the API server calls.
+# 4. Runs the e2e scenarios against it (CONFIGHASH_E2E_KUBECONFIG), counting rollouts from the
+#    revisions the cluster keeps and confighash's writes from the API server's audit log.
+#
+# Fails (never skips) when something it needs cannot be had. Environment: CONFIGHASH_TOOLS (the
+# cache), CONFIGHASH_CONTROL_PLANE_DIR, CONFIGHASH_CP_PORT_BASE (see control-plane.sh),
+# CONFIGHASH_REAL_KEEP=1 leaves the control plane and confighash running at the end.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+export CONFIGHASH_CONTROL_PLANE_DIR="${CONFIGHASH_CONTROL_PLANE_DIR:-$ROOT/target/control-plane}"
+STATE="$CONFIGHASH_CONTROL_PLANE_DIR"
+BASE="${CONFIGHASH_CP_PORT_BASE:-24700}"
+WEBHOOK_PORT=$((BASE + 10))
+ADMIN_PORT=$((BASE + 11))
+NAMESPACE=confighash
+RELEASE=confighash
+CERT_MANAGER_VERSION=v1.16.5
+# The e2e scenarios' change window (tests/e2e/support.rs WINDOW).
+DEBOUNCE=400ms
+
+say() { echo "real-tier.sh: $*" >&2; }
+fail() {
+    say "$*"
+    exit 1
+}
+began=$SECONDS
+phase_began=$SECONDS
+phase() {
+    say "$1 ($((SECONDS - phase_began)) s)"
+    phase_began=$SECONDS
+}
+
+test_args=()
+if [ "${1:-}" = "--" ]; then
+    shift
+    test_args=("$@")
+elif [ $# -gt 0 ]; then
+    fail "usage: scripts/real-tier.sh [-- TEST-ARGS...]"
+fi
+
+for tool in go cargo openssl curl python3 flock; do
+    command -v "$tool" >/dev/null || fail "$tool is needed for the real tier and is not on PATH"
+done
+
+BIN=$("$HERE/install-control-plane.sh") || fail "scripts/install-control-plane.sh failed"
+HELM=$("$HERE/install-helm.sh") || fail "scripts/install-helm.sh failed"
+KUBECTL=("$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig")
+phase "tools ready: $BIN"
+
+(cd "$ROOT" && cargo build --locked --bin confighash) || fail "cargo build failed"
+(cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security) >/dev/null 2>&1 ||
+    (cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security) ||
+    fail "building the e2e tests failed"
+CONFIGHASH="$ROOT/target/debug/confighash"
+phase "confighash and the e2e tests built"
+
+serve_pid=""
+cleanup() {
+    local rc=$?
+    if [ "${CONFIGHASH_REAL_KEEP:-}" = 1 ]; then
+        say "left running (CONFIGHASH_REAL_KEEP=1): confighash pid ${serve_pid:-none}; eval \"\$(scripts/control-plane.sh env)\""
+        exit "$rc"
+    fi
+    if [ -n "$serve_pid" ] && kill -0 "$serve_pid" 2>/dev/null; then
+        kill "$serve_pid" 2>/dev/null || true
+        wait "$serve_pid" 2>/dev/null || true
+    fi
+    "$HERE/control-plane.sh" down || true
+    exit "$rc"
+}
+trap cleanup EXIT
+"$HERE/control-plane.sh" up
+phase "control plane up"
+
+# --- the chart, judged by the real API server ---
+render() { # values...
+    "$HELM" template "$RELEASE" "$ROOT/charts/confighash" --namespace "$NAMESPACE" "$@"
+}
+"${KUBECTL[@]}" create namespace "$NAMESPACE" >/dev/null
+"${KUBECTL[@]}" label namespace "$NAMESPACE" pod-security.kubernetes.io/enforce=restricted >/dev/null
+
+# cert-manager's CRDs from its Go module (the CRD files there carry Helm comments and labels
+# made of template text: those labels are dropped).
+crds_dir=$(cd "$STATE" && GOFLAGS= go mod download -json \
+    "github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])') ||
+    fail "could not download github.com/cert-manager/cert-manager@$CERT_MANAGER_VERSION from the Go module proxy"
+for crd in certificates issuers clusterissuers certificaterequests; do
+    sed -e "/'{{.*}}'/d" "$crds_dir/deploy/crds/crd-$crd.yaml"
+    echo "---"
+done | "${KUBECTL[@]}" apply --server-side -f - >/dev/null || fail "cert-manager's CRDs do not apply"
+"${KUBECTL[@]}" wait --for condition=Established crd/certificates.cert-manager.io crd/issuers.cert-manager.io --timeout 30s >/dev/null
+
+apply_dry() { # what values...
+    local what="$1"
+    shift
+    render "$@" >"$STATE/chart-$what.yaml" || fail "helm template ($what) failed"
+    "${KUBECTL[@]}" apply --server-side --dry-run=server --field-manager helm -f "$STATE/chart-$what.yaml" >"$STATE/chart-$what.applied" 2>&1 ||
+        { cat "$STATE/chart-$what.applied" >&2; fail "the real API server refuses the chart with the $what values"; }
+    say "the chart with the $what values: $(wc -l <"$STATE/chart-$what.applied") objects accepted (server-side dry run)"
+}
+apply_dry quick-start
+apply_dry single-node --set replicaCount=1 --set podDisruptionBudget.enabled=false
+apply_dry cert-manager --set certificates.mode=certManager
+
+render --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT/mutate" \
+    --set "watcher.debounce=$DEBOUNCE" --set log.format=text >"$STATE/chart-install.yaml"
+"${KUBECTL[@]}" apply --server-side --field-manager helm -f "$STATE/chart-install.yaml" >/dev/null ||
+    fail "the chart does not apply"
+phase "chart applied"
+
+# --- confighash serve, as the chart's ServiceAccount ---
+token=$("${KUBECTL[@]}" -n "$NAMESPACE" create token "$RELEASE" --duration 48h) ||
+    fail "no token for the ServiceAccount $NAMESPACE/$RELEASE"
+cat >"$STATE/confighash.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+  - name: confighash-test
+    cluster:
+      server: https://127.0.0.1:$((BASE + 2))
+      certificate-authority: $STATE/pki/ca.crt
+users:
+  - name: confighash
+    user:
+      token: $token
+contexts:
+  - name: confighash
+    context: {cluster: confighash-test, user: confighash, namespace: $NAMESPACE}
+current-context: confighash
+EOF
+chmod 0600 "$STATE/confighash.kubeconfig"
+
+# The chart's arguments, with the listen addresses and certificate paths of this machine.
+mapfile -t serve_args < <("${KUBECTL[@]}" -n "$NAMESPACE" get deployment "$RELEASE" -o json | python3 -c '
+import json, sys
+args = json.load(sys.stdin)["spec"]["template"]["spec"]["containers"][0]["args"]
+ours = ("--listen", "--admin-listen", "--tls-cert", "--tls-key", "--leader-elect")
+for a in args:
+    if a.split("=", 1)[0] not in ours:
+        print(a)
+')
+[ "${serve_args[0]:-}" = serve ] || fail "the chart's Deployment does not run serve: ${serve_args[*]}"
+mkdir -p "$STATE/confighash"
+KUBECONFIG="$STATE/confighash.kubeconfig" POD_NAME=confighash-local-0 "$CONFIGHASH" "${serve_args[@]}" \
+    --listen "127.0.0.1:$WEBHOOK_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
+    --tls-cert "$STATE/confighash/tls.crt" --tls-key "$STATE/confighash/tls.key" \
+    --leader-elect true >"$STATE/confighash.log" 2>&1 &
+serve_pid=$!
+echo "$serve_pid" >"$STATE/confighash.pid"
+say "confighash serve (pid $serve_pid): ${serve_args[*]:1}"
+
+deadline=$((SECONDS + 60))
+until curl -sf "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null &&
+    [ "$("${KUBECTL[@]}" get mutatingwebhookconfiguration "$RELEASE" -o jsonpath='{range .webhooks[*]}{.clientConfig.caBundle}{"\n"}{end}' | grep -c .)" = 2 ] &&
+    curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -qx 'confighash_watcher_cache_synced 1'; do
+    kill -0 "$serve_pid" 2>/dev/null || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash serve exited"; }
+    [ "$SECONDS" -lt "$deadline" ] || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash is not ready, its caBundle not written or its caches not synced after 60 s"; }
+    sleep 0.2
+done
+phase "confighash ready: caBundle written into both webhook entries, caches synced"
+
+# --- the scenarios ---
+status=0
+CONFIGHASH_E2E_KUBECONFIG="$STATE/admin.kubeconfig" \
+    CONFIGHASH_E2E_AUDIT_LOG="$STATE/audit.log" \
+    CONFIGHASH_E2E_USER="system:serviceaccount:$NAMESPACE:$RELEASE" \
+    CONFIGHASH_E2E_LOG="$STATE/confighash.log" \
+    cargo test --locked --test 'e2e_*' --test security -- "${test_args[@]}" || status=$?
+phase "e2e scenarios on the real control plane: exit $status"
+kill -0 "$serve_pid" 2>/dev/null || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash serve died during the run"; }
+if grep -E ' (ERROR|WARN) ' "$STATE/confighash.log" >"$STATE/confighash.warnings"; then
+    say "confighash logged $(wc -l <"$STATE/confighash.warnings") warnings or errors (in $STATE/confighash.warnings)"
+fi
+say "real tier: $((SECONDS - began)) s in all"
+exit "$status"
