@@ -182,7 +182,8 @@ status=0
 CONFIGHASH_E2E_KUBECONFIG="$STATE/admin.kubeconfig" \
     CONFIGHASH_E2E_AUDIT_LOG="$STATE/audit.log" \
     CONFIGHASH_E2E_USER="system:serviceaccount:$NAMESPACE:$RELEASE" \
-    CONFIGHASH_E2E_LOG="$STATE/confighash.log" \
+    CONFIGHASH_E2E_METRICS_URL="http://127.0.0.1:$ADMIN_PORT/metrics" \
+    CONFIGHASH_E2E_DEBOUNCE="$DEBOUNCE" \
     cargo test --locked --test 'e2e_*' --test security -- "${test_args[@]}" || status=$?
 phase "e2e scenarios on the real control plane: exit $status"
 kill -0 "$serve_pid" 2>/dev/null || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash serve died during the run"; }

@@ -439,7 +439,8 @@ fn parse_certificate_name(s: &str) -> Result<String, String> {
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !l.starts_with('-')
             && !l.ends_with('-')
     };
@@ -763,19 +764,37 @@ mod tests {
         let parse = |flags: &[&str]| {
             Cli::try_parse_from(["confighash", "serve"].iter().chain(flags)).map(|_| ())
         };
-        for good in ["127.0.0.1", "::1", "hook.example.test", "*.example.test", "a-b"] {
+        for good in [
+            "127.0.0.1",
+            "::1",
+            "hook.example.test",
+            "*.example.test",
+            "a-b",
+        ] {
             let flag = format!("--self-signed-name={good}");
             assert!(
                 parse(&["--self-signed-certs", &flag]).is_ok(),
                 "{good} is refused"
             );
         }
-        for bad in ["", "Hook.example", "-a.b", "a..b", "a/b", "127.0.0.1:8443", "*."] {
+        for bad in [
+            "",
+            "Hook.example",
+            "-a.b",
+            "a..b",
+            "a/b",
+            "127.0.0.1:8443",
+            "*.",
+        ] {
             let flag = format!("--self-signed-name={bad}");
-            let error = parse(&["--self-signed-certs", &flag]).unwrap_err().to_string();
+            let error = parse(&["--self-signed-certs", &flag])
+                .unwrap_err()
+                .to_string();
             assert!(error.contains("--self-signed-name"), "{bad:?}: {error}");
         }
-        let alone = parse(&["--self-signed-name=127.0.0.1"]).unwrap_err().to_string();
+        let alone = parse(&["--self-signed-name=127.0.0.1"])
+            .unwrap_err()
+            .to_string();
         assert!(alone.contains("--self-signed-certs"), "{alone}");
     }
 }

@@ -192,11 +192,8 @@ async fn five_changes_in_one_window_roll_once_to_the_final_content() {
 // 5.
 #[tokio::test]
 async fn a_secret_rewritten_continuously_rolls_at_most_once_per_window() {
-    let Some(env) = Env::stand_in(
-        "a_secret_rewritten_continuously_rolls_at_most_once_per_window",
-        "the change window is the test's, and confighash's touches are counted",
-    )
-    .await
+    let Some(env) =
+        Env::counted("a_secret_rewritten_continuously_rolls_at_most_once_per_window").await
     else {
         return;
     };

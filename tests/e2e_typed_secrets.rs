@@ -9,7 +9,7 @@ mod support;
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -77,6 +77,15 @@ async fn create_secret(env: &Env, namespace: &str, name: &str, typed: &Typed) {
         ),
         ..Default::default()
     };
+    if !env.is_stand_in() && typed.type_ == SERVICE_ACCOUNT_TOKEN.type_ {
+        // A real cluster's token controller deletes a token Secret whose ServiceAccount does not
+        // exist, and the ServiceAccount controller makes `default` only after the namespace.
+        let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.ns(namespace));
+        env.eventually("the namespace's default ServiceAccount", || async {
+            accounts.get_opt("default").await.unwrap().is_some()
+        })
+        .await;
+    }
     api.create(&PostParams::default(), &secret).await.unwrap();
     if !env.is_stand_in() {
         // A real cluster's token controller adds its own keys after the create; wait for them, so

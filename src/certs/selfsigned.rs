@@ -273,20 +273,22 @@ fn carries(pem: &str, names: &[String]) -> bool {
         return false;
     };
     let general = &san.value.general_names;
-    names.iter().all(|name| match name.parse::<std::net::IpAddr>() {
-        Ok(ip) => {
-            let octets = match ip {
-                std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
-                std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
-            };
-            general
+    names
+        .iter()
+        .all(|name| match name.parse::<std::net::IpAddr>() {
+            Ok(ip) => {
+                let octets = match ip {
+                    std::net::IpAddr::V4(v4) => v4.octets().to_vec(),
+                    std::net::IpAddr::V6(v6) => v6.octets().to_vec(),
+                };
+                general
+                    .iter()
+                    .any(|g| matches!(g, GeneralName::IPAddress(b) if *b == octets.as_slice()))
+            }
+            Err(_) => general
                 .iter()
-                .any(|g| matches!(g, GeneralName::IPAddress(b) if *b == octets.as_slice()))
-        }
-        Err(_) => general
-            .iter()
-            .any(|g| matches!(g, GeneralName::DNSName(d) if d.eq_ignore_ascii_case(name))),
-    })
+                .any(|g| matches!(g, GeneralName::DNSName(d) if d.eq_ignore_ascii_case(name))),
+        })
 }
 
 fn fresh(config: &SelfSignedConfig) -> Result<State, SelfSignedError> {

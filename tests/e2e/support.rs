@@ -47,6 +47,26 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 pub const RUN_LABEL: &str = "confighash-e2e-run";
 /// What points the scenarios at a real cluster.
 const KUBECONFIG: &str = "CONFIGHASH_E2E_KUBECONFIG";
+/// On a real cluster: the API server's audit log (JSON lines) that records confighash's
+/// requests, so its writes are counted, not guessed (`scripts/real-tier.sh` sets it).
+const AUDIT_LOG: &str = "CONFIGHASH_E2E_AUDIT_LOG";
+/// On a real cluster: the user confighash runs as, in the audit log
+/// (`system:serviceaccount:confighash:confighash` by default).
+const CONFIGHASH_USER: &str = "CONFIGHASH_E2E_USER";
+/// On a real cluster: confighash's metrics URL, read only to wait until its watcher has no
+/// touch pending ([`Env::settled`]).
+const METRICS_URL: &str = "CONFIGHASH_E2E_METRICS_URL";
+/// On a real cluster: confighash's change window (`--debounce`), when it is [`WINDOW`], so
+/// scenarios that time their writes against the window run there too.
+const DEBOUNCE: &str = "CONFIGHASH_E2E_DEBOUNCE";
+/// The workload resources confighash touches.
+const WORKLOAD_RESOURCES: [&str; 5] = [
+    "deployments",
+    "statefulsets",
+    "daemonsets",
+    "cronjobs",
+    "rollouts",
+];
 
 /// Where scenarios run.
 pub struct Env {
@@ -253,6 +273,28 @@ impl Env {
             return None;
         }
         Some(Self::start_with(setup).await)
+    }
+
+    /// For a scenario that counts confighash's writes and times its own writes against the change
+    /// window: the stand-in, or a real cluster whose audit log is given and whose confighash runs
+    /// with the scenarios' window ([`DEBOUNCE`]); elsewhere it is skipped, and says so.
+    pub async fn counted(test: &str) -> Option<Env> {
+        if std::env::var_os(KUBECONFIG).is_some() {
+            let window = std::env::var(DEBOUNCE).ok();
+            let ms = window
+                .as_deref()
+                .and_then(|w| w.strip_suffix("ms"))
+                .and_then(|n| n.parse::<u128>().ok());
+            if std::env::var_os(AUDIT_LOG).is_none() || ms != Some(WINDOW.as_millis()) {
+                eprintln!(
+                    "skipped: {test} needs {AUDIT_LOG} and confighash's --debounce in {DEBOUNCE} \
+                     equal to the scenarios' window ({}ms) on a real cluster",
+                    WINDOW.as_millis()
+                );
+                return None;
+            }
+        }
+        Some(Self::start().await)
     }
 
     async fn real_cluster(path: std::ffi::OsString) -> Env {
@@ -491,7 +533,13 @@ impl Env {
         if let Some(api) = &self.api {
             return api.rollouts(namespace, kind, name);
         }
-        let revision = match kind {
+        self.revision(namespace, kind, name).await.saturating_sub(1)
+    }
+
+    /// On a real cluster, the highest revision the cluster keeps of a workload (0 before its
+    /// controller has made the first); see [`Env::rollouts`].
+    async fn revision(&self, namespace: &str, kind: &str, name: &str) -> u64 {
+        match kind {
             "Deployment" => {
                 self.revision_annotation(namespace, kind, name, "deployment.kubernetes.io/revision")
                     .await
@@ -507,8 +555,7 @@ impl Env {
                 self.ns(namespace)
             ),
             other => panic!("no workload kind {other}"),
-        };
-        revision.saturating_sub(1)
+        }
     }
 
     /// The revision a workload's annotation `annotation` holds (0 while it has none).
@@ -555,32 +602,57 @@ impl Env {
             .unwrap_or(0)
     }
 
-    /// Every touch the in-process watcher has made, whatever its outcome: confighash's own
-    /// writes to workloads (stand-in only: on a real cluster nothing here counts them).
+    /// Every touch confighash has made, whatever its outcome: its own writes to workloads. In the
+    /// stand-in the in-process watcher's metrics count them; on a real cluster the API server's
+    /// audit log does (every PATCH, UPDATE or CREATE of a workload by confighash's user in this
+    /// Env's namespaces, whatever its answer), which needs [`AUDIT_LOG`].
     pub fn touches(&self) -> u64 {
-        self.in_process("counting confighash's touches");
-        ["touched", "kept-by-webhook", "gone", "error"]
-            .into_iter()
-            .map(|outcome| self.metrics.touches(outcome))
-            .sum()
+        match &self.run {
+            None => ["touched", "kept-by-webhook", "gone", "error"]
+                .into_iter()
+                .map(|outcome| self.metrics.touches(outcome))
+                .sum(),
+            Some((suffix, _)) => audit()
+                .expect(
+                    "counting confighash's writes on a real cluster needs CONFIGHASH_E2E_AUDIT_LOG",
+                )
+                .workload_writes(suffix)
+                .len() as u64,
+        }
     }
 
-    /// The touches by outcome, for messages.
+    /// The touches by outcome, for messages (on a real cluster: each write from the audit log).
     pub fn touch_outcomes(&self) -> String {
-        self.in_process("counting confighash's touches");
-        ["touched", "kept-by-webhook", "gone", "error"]
-            .into_iter()
-            .map(|outcome| format!("{outcome} {}", self.metrics.touches(outcome)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        match &self.run {
+            None => ["touched", "kept-by-webhook", "gone", "error"]
+                .into_iter()
+                .map(|outcome| format!("{outcome} {}", self.metrics.touches(outcome)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Some((suffix, _)) => audit()
+                .map(|log| {
+                    log.workload_writes(suffix)
+                        .iter()
+                        .map(|w| w.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Whether confighash's writes are counted here: always in the stand-in, with the audit log
+    /// on a real cluster.
+    pub fn counts_writes(&self) -> bool {
+        self.is_stand_in() || audit().is_some()
     }
 
     /// Where `namespace` stands now, for [`Env::assert_quiet_since`].
     pub async fn mark(&self, namespace: &str) -> Mark {
         Mark {
             namespace: namespace.to_owned(),
-            // Not observable on a real cluster (see `assert_quiet_since`).
-            touches: if self.is_stand_in() {
+            // Not counted on a real cluster without its audit log (see `assert_quiet_since`).
+            touches: if self.counts_writes() {
                 self.touches()
             } else {
                 0
@@ -593,10 +665,10 @@ impl Env {
     /// barrier's, and recorded no `ConfigChanged` Event on `workload` (a touch the webhook turns
     /// back rolls nothing, so rollout counts alone cannot show it). Call it after a barrier.
     ///
-    /// confighash's touches are counted by its metrics, which only the in-process confighash
-    /// offers: on a real cluster this checks the Events alone.
+    /// confighash's touches are counted by its metrics in the stand-in and from the audit log on
+    /// a real cluster; without the audit log, this checks the Events alone.
     pub async fn assert_quiet_since(&self, mark: &Mark, workload: &str, what: &str) {
-        if self.is_stand_in() {
+        if self.counts_writes() {
             let barrier = self
                 .rollouts(&mark.namespace, "Deployment", "barrier")
                 .await
@@ -738,11 +810,27 @@ impl Env {
     /// Polls until the watcher has no touch pending or in flight (its own metrics say so), so a
     /// touch due later cannot land after an "exactly once" check.
     ///
-    /// On a real cluster confighash's metrics are not read, so this returns at once: there a
+    /// On a real cluster this reads confighash's metrics at [`METRICS_URL`] (its watcher has no
+    /// touch pending or in flight, in any namespace); without it, it returns at once, and there a
     /// [`Env::barrier`] proves ordering only.
     pub async fn settled(&self) {
         if !self.is_stand_in() {
-            return;
+            let Ok(url) = std::env::var(METRICS_URL) else {
+                return;
+            };
+            let start = tokio::time::Instant::now();
+            loop {
+                let last = match remote_outstanding(&url).await {
+                    Ok((0, 0)) => return,
+                    Ok(outstanding) => format!("(pending, in flight) {outstanding:?}"),
+                    Err(e) => e,
+                };
+                assert!(
+                    start.elapsed() < DEADLINE,
+                    "timed out waiting for confighash to settle: {last}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         self.eventually_with(
             || async { self.metrics.touches_outstanding() == (0, 0) },
@@ -884,7 +972,41 @@ impl Env {
         );
         let dynamic: DynamicObject = serde_json::from_value(obj).unwrap();
         let created = api.create(&PostParams::default(), &dynamic).await.unwrap();
+        self.wait_first_revision(namespace, kind, name).await;
         serde_json::to_value(created).unwrap()
+    }
+
+    /// On a real cluster, polls until the workload's controller has seen it and made its first
+    /// revision (a ReplicaSet, a ControllerRevision). A template changed before that is folded
+    /// into the first revision by the real controller (one ReplicaSet from the latest template),
+    /// so a rollout counted from revisions would not be seen; the stand-in counts every
+    /// transition as it stores it. CronJobs and Rollouts (their own controller, maybe absent)
+    /// are not waited for.
+    pub async fn wait_first_revision(&self, namespace: &str, kind: &str, name: &str) {
+        if self.is_stand_in() || !matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet") {
+            return;
+        }
+        self.eventually_with(
+            || async {
+                let Some(object) = self.get_workload(namespace, kind, name).await else {
+                    return false;
+                };
+                let generation = object
+                    .pointer("/metadata/generation")
+                    .and_then(Value::as_i64);
+                let observed = object
+                    .pointer("/status/observedGeneration")
+                    .and_then(Value::as_i64);
+                observed >= generation && self.revision(namespace, kind, name).await >= 1
+            },
+            || {
+                format!(
+                    "the controller's first revision of {kind} {}/{name}",
+                    self.ns(namespace)
+                )
+            },
+        )
+        .await;
     }
 
     /// The stamp on a workload's pod template, read from the API server.
@@ -1047,4 +1169,166 @@ pub fn workload_object(kind: &str, name: &str, refs: &[(&str, &str)], labels: Va
         "metadata": {"name": name, "labels": labels},
         "spec": spec
     })
+}
+
+/// confighash's touches pending and in flight, read from its metrics at `url` (plain HTTP on
+/// loopback, as `scripts/real-tier.sh` runs it).
+async fn remote_outstanding(url: &str) -> Result<(u64, u64), String> {
+    let address = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .ok_or_else(|| format!("{METRICS_URL}={url} is not an http:// URL"))?;
+    let path = &url["http://".len() + address.len()..];
+    let text = tokio::time::timeout(Duration::from_secs(5), async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(address)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let request = format!(
+            "GET {} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n",
+            if path.is_empty() { "/metrics" } else { path }
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let mut body = String::new();
+        stream
+            .read_to_string(&mut body)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        Ok::<_, String>(body)
+    })
+    .await
+    .map_err(|_| format!("{url}: no answer in 5 s"))??;
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .map(|v| v as u64)
+            .ok_or_else(|| format!("{url} has no {name}"))
+    };
+    Ok((
+        gauge("confighash_touches_pending")?,
+        gauge("confighash_touches_in_flight")?,
+    ))
+}
+
+/// One request of confighash's in the API server's audit log.
+#[derive(Debug, Clone)]
+pub struct Audited {
+    pub verb: String,
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+    pub code: u16,
+}
+
+impl std::fmt::Display for Audited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {} {}/{} -> {}",
+            self.verb, self.resource, self.namespace, self.name, self.code
+        )
+    }
+}
+
+/// The API server's audit log, read as it grows: only confighash's requests are kept, parsed once.
+pub struct AuditLog {
+    path: std::path::PathBuf,
+    user: String,
+    read: std::sync::Mutex<(u64, Vec<Audited>)>,
+}
+
+/// The audit log named by [`AUDIT_LOG`], shared by the tests of this binary.
+pub fn audit() -> Option<&'static AuditLog> {
+    static LOG: std::sync::OnceLock<Option<AuditLog>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        let path = std::env::var_os(AUDIT_LOG)?;
+        Some(AuditLog {
+            path: path.into(),
+            user: std::env::var(CONFIGHASH_USER)
+                .unwrap_or_else(|_| "system:serviceaccount:confighash:confighash".into()),
+            read: std::sync::Mutex::new((0, Vec::new())),
+        })
+    })
+    .as_ref()
+}
+
+impl AuditLog {
+    /// Every request of confighash's recorded so far (its final stage), in order.
+    pub fn requests(&self) -> Vec<Audited> {
+        use std::io::{BufRead, Seek};
+        let mut read = self.read.lock().unwrap();
+        let mut file = std::fs::File::open(&self.path)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.path.display()));
+        file.seek(std::io::SeekFrom::Start(read.0)).unwrap();
+        let mut reader = std::io::BufReader::new(file);
+        let needle = format!("\"username\":\"{}\"", self.user);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).unwrap();
+            // A line still being written is read again next time.
+            if n == 0 || !line.ends_with('\n') {
+                break;
+            }
+            read.0 += n as u64;
+            if !line.contains(&needle) {
+                continue;
+            }
+            let entry: Value = serde_json::from_str(&line).expect("an audit log line is JSON");
+            if entry["stage"] != "ResponseComplete" || entry["user"]["username"] != *self.user {
+                continue;
+            }
+            let field = |pointer: &str| {
+                entry
+                    .pointer(pointer)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            read.1.push(Audited {
+                verb: field("/verb"),
+                resource: match field("/objectRef/subresource") {
+                    sub if sub.is_empty() => field("/objectRef/resource"),
+                    sub => format!("{}/{sub}", field("/objectRef/resource")),
+                },
+                namespace: field("/objectRef/namespace"),
+                name: field("/objectRef/name"),
+                code: entry
+                    .pointer("/responseStatus/code")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0) as u16,
+            });
+        }
+        read.1.clone()
+    }
+
+    /// confighash's writes (create, update, patch, delete) in the namespaces ending in
+    /// `-suffix`.
+    pub fn writes(&self, suffix: &str) -> Vec<Audited> {
+        let tail = format!("-{suffix}");
+        self.requests()
+            .into_iter()
+            .filter(|r| {
+                r.namespace.ends_with(&tail)
+                    && matches!(r.verb.as_str(), "create" | "update" | "patch" | "delete")
+            })
+            .collect()
+    }
+
+    /// confighash's writes to workloads (its touches) in the namespaces ending in `-suffix`.
+    pub fn workload_writes(&self, suffix: &str) -> Vec<Audited> {
+        self.writes(suffix)
+            .into_iter()
+            .filter(|r| WORKLOAD_RESOURCES.contains(&r.resource.as_str()))
+            .collect()
+    }
 }
