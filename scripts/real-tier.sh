@@ -72,17 +72,17 @@ phase "tools ready: $BIN"
 CONFIGHASH="$ROOT/target/debug/confighash"
 phase "confighash and the e2e tests built"
 
-serve_pid=""
 cleanup() {
     local rc=$?
     if [ "${CONFIGHASH_REAL_KEEP:-}" = 1 ]; then
-        say "left running (CONFIGHASH_REAL_KEEP=1): confighash pid ${serve_pid:-none}; eval \"\$(scripts/control-plane.sh env)\""
+        say "left running (CONFIGHASH_REAL_KEEP=1): confighash ($STATE/serve.sh stop 0); eval \"\$(scripts/control-plane.sh env)\""
         exit "$rc"
     fi
-    if [ -n "$serve_pid" ] && kill -0 "$serve_pid" 2>/dev/null; then
-        kill "$serve_pid" 2>/dev/null || true
-        wait "$serve_pid" 2>/dev/null || true
-    fi
+    local pidfile
+    for pidfile in "$STATE"/confighash-*.pid; do
+        [ -f "$pidfile" ] || continue
+        "$STATE/serve.sh" stop "$(basename "$pidfile" .pid | sed 's/^confighash-//')" || true
+    done
     "$HERE/control-plane.sh" down || true
     exit "$rc"
 }
@@ -158,36 +158,96 @@ for a in args:
         print(a)
 ')
 [ "${serve_args[0]:-}" = serve ] || fail "the chart's Deployment does not run serve: ${serve_args[*]}"
-mkdir -p "$STATE/confighash"
-KUBECONFIG="$STATE/confighash.kubeconfig" POD_NAME=confighash-local-0 "$CONFIGHASH" "${serve_args[@]}" \
-    --listen "127.0.0.1:$WEBHOOK_PORT" --admin-listen "127.0.0.1:$ADMIN_PORT" \
-    --tls-cert "$STATE/confighash/tls.crt" --tls-key "$STATE/confighash/tls.key" \
-    --leader-elect true >"$STATE/confighash.log" 2>&1 &
-serve_pid=$!
-echo "$serve_pid" >"$STATE/confighash.pid"
-say "confighash serve (pid $serve_pid): ${serve_args[*]:1}"
+# serve.sh: starts and stops replicas of confighash serve as this tier runs them, for this script
+# and for scenarios that stop, restart or add a replica (CONFIGHASH_E2E_SERVE). Replica N listens
+# on 127.0.0.1:BASE+10+2N (webhook; the chart's webhook.url names replica 0's) and BASE+11+2N
+# (admin), is named confighash-local-N (its Lease identity), and runs in a session of its own, so
+# it outlives the test process that started it.
+{
+    echo '#!/usr/bin/env bash'
+    echo '# Made by scripts/real-tier.sh: serve.sh start|stop|kill N'
+    echo 'set -euo pipefail'
+    printf 'STATE=%q\nBASE=%q\nCONFIGHASH=%q\n' "$STATE" "$BASE" "$CONFIGHASH"
+    printf 'ARGS=('
+    printf '%q ' "${serve_args[@]}"
+    printf ')\n'
+    cat <<'EOS'
+verb="${1:-}"
+n="${2:-}"
+[[ "$n" =~ ^[0-9]$ ]] || { echo "usage: serve.sh start|stop|kill N (0-9)" >&2; exit 2; }
+webhook=$((BASE + 10 + 2 * n))
+admin=$((BASE + 11 + 2 * n))
+pidfile="$STATE/confighash-$n.pid"
+log="$STATE/confighash-$n.log"
+alive() { [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; }
+case "$verb" in
+start)
+    if alive; then echo "serve.sh: replica $n already runs (pid $(cat "$pidfile"))" >&2; exit 1; fi
+    mkdir -p "$STATE/confighash-$n"
+    KUBECONFIG="$STATE/confighash.kubeconfig" POD_NAME="confighash-local-$n" setsid "$CONFIGHASH" "${ARGS[@]}" \
+        --listen "127.0.0.1:$webhook" --admin-listen "127.0.0.1:$admin" \
+        --tls-cert "$STATE/confighash-$n/tls.crt" --tls-key "$STATE/confighash-$n/tls.key" \
+        --leader-elect true >>"$log" 2>&1 </dev/null &
+    echo $! >"$pidfile"
+    deadline=$((SECONDS + 60))
+    until curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null &&
+        curl -sf "http://127.0.0.1:$admin/metrics" | grep -qx 'confighash_watcher_cache_synced 1'; do
+        alive || { tail -n 40 "$log" >&2; echo "serve.sh: replica $n exited" >&2; exit 1; }
+        [ "$SECONDS" -lt "$deadline" ] || { tail -n 40 "$log" >&2; echo "serve.sh: replica $n not ready and synced after 60 s" >&2; exit 1; }
+        sleep 0.1
+    done
+    ;;
+stop | kill)
+    alive || { rm -f "$pidfile"; exit 0; }
+    pid=$(cat "$pidfile")
+    kill "-$([ "$verb" = kill ] && echo KILL || echo TERM)" "$pid"
+    deadline=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null; do
+        [ "$SECONDS" -lt "$deadline" ] || { kill -KILL "$pid" 2>/dev/null || true; }
+        sleep 0.05
+    done
+    rm -f "$pidfile"
+    ;;
+*) echo "usage: serve.sh start|stop|kill N" >&2; exit 2 ;;
+esac
+EOS
+} >"$STATE/serve.sh"
+chmod +x "$STATE/serve.sh"
+"$STATE/serve.sh" start 0 || fail "confighash serve (replica 0) did not start"
+say "confighash serve (pid $(cat "$STATE/confighash-0.pid")): ${serve_args[*]:1}"
 
 deadline=$((SECONDS + 60))
-until curl -sf "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null &&
-    [ "$("${KUBECTL[@]}" get mutatingwebhookconfiguration "$RELEASE" -o jsonpath='{range .webhooks[*]}{.clientConfig.caBundle}{"\n"}{end}' | grep -c .)" = 2 ] &&
-    curl -sf "http://127.0.0.1:$ADMIN_PORT/metrics" | grep -qx 'confighash_watcher_cache_synced 1'; do
-    kill -0 "$serve_pid" 2>/dev/null || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash serve exited"; }
-    [ "$SECONDS" -lt "$deadline" ] || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash is not ready, its caBundle not written or its caches not synced after 60 s"; }
+until [ "$("${KUBECTL[@]}" get mutatingwebhookconfiguration "$RELEASE" -o jsonpath='{range .webhooks[*]}{.clientConfig.caBundle}{"\n"}{end}' | grep -c .)" = 2 ]; do
+    [ "$SECONDS" -lt "$deadline" ] || fail "confighash did not write the caBundle into both webhook entries in 60 s"
     sleep 0.2
 done
 phase "confighash ready: caBundle written into both webhook entries, caches synced"
 
 # --- the scenarios ---
+export CONFIGHASH_E2E_KUBECONFIG="$STATE/admin.kubeconfig"
+export CONFIGHASH_E2E_AUDIT_LOG="$STATE/audit.log"
+export CONFIGHASH_E2E_USER="system:serviceaccount:$NAMESPACE:$RELEASE"
+# Replica 0's and replica 1's admin ports (serve.sh).
+export CONFIGHASH_E2E_METRICS_URL="http://127.0.0.1:$ADMIN_PORT/metrics,http://127.0.0.1:$((ADMIN_PORT + 2))/metrics"
+export CONFIGHASH_E2E_DEBOUNCE="$DEBOUNCE"
+export CONFIGHASH_E2E_SERVE="$STATE/serve.sh"
+export CONFIGHASH_E2E_STORIES="$STATE/stories.jsonl"
+rm -f "$CONFIGHASH_E2E_STORIES"
 status=0
-CONFIGHASH_E2E_KUBECONFIG="$STATE/admin.kubeconfig" \
-    CONFIGHASH_E2E_AUDIT_LOG="$STATE/audit.log" \
-    CONFIGHASH_E2E_USER="system:serviceaccount:$NAMESPACE:$RELEASE" \
-    CONFIGHASH_E2E_METRICS_URL="http://127.0.0.1:$ADMIN_PORT/metrics" \
-    CONFIGHASH_E2E_DEBOUNCE="$DEBOUNCE" \
-    cargo test --locked --test 'e2e_*' --test security -- "${test_args[@]}" || status=$?
+cargo test --locked --test 'e2e_*' --test security -- "${test_args[@]}" || status=$?
 phase "e2e scenarios on the real control plane: exit $status"
-kill -0 "$serve_pid" 2>/dev/null || { tail -n 40 "$STATE/confighash.log" >&2; fail "confighash serve died during the run"; }
-if grep -E ' (ERROR|WARN) ' "$STATE/confighash.log" >"$STATE/confighash.warnings"; then
+# The user stories stop, restart and add confighash replicas: one at a time, after the rest.
+cargo test --locked --test stories -- --test-threads 1 "${test_args[@]}" || status=$?
+phase "user stories on the real control plane: exit $status"
+if [ -s "$CONFIGHASH_E2E_STORIES" ]; then
+    python3 "$HERE/stories-table.py" "$CONFIGHASH_E2E_STORIES" >"$STATE/user-stories.md"
+    say "the user stories' table: $STATE/user-stories.md"
+fi
+"$STATE/serve.sh" start 0 2>/dev/null || true
+for log in "$STATE"/confighash-*.log; do
+    grep -E ' (ERROR|WARN) ' "$log" >>"$STATE/confighash.warnings" || true
+done
+if [ -s "$STATE/confighash.warnings" ]; then
     say "confighash logged $(wc -l <"$STATE/confighash.warnings") warnings or errors (in $STATE/confighash.warnings)"
 fi
 say "real tier: $((SECONDS - began)) s in all"

@@ -53,12 +53,18 @@ const AUDIT_LOG: &str = "CONFIGHASH_E2E_AUDIT_LOG";
 /// On a real cluster: the user confighash runs as, in the audit log
 /// (`system:serviceaccount:confighash:confighash` by default).
 const CONFIGHASH_USER: &str = "CONFIGHASH_E2E_USER";
-/// On a real cluster: confighash's metrics URL, read only to wait until its watcher has no
-/// touch pending ([`Env::settled`]).
+/// On a real cluster: the metrics URLs of confighash's replicas (comma separated), read only to
+/// wait until their watchers have no touch pending ([`Env::settled`]).
 const METRICS_URL: &str = "CONFIGHASH_E2E_METRICS_URL";
 /// On a real cluster: confighash's change window (`--debounce`), when it is [`WINDOW`], so
 /// scenarios that time their writes against the window run there too.
 const DEBOUNCE: &str = "CONFIGHASH_E2E_DEBOUNCE";
+/// On a real cluster: the real tier's `serve.sh`, which starts, stops and kills replicas of
+/// confighash (`serve.sh start|stop|kill N`; replica 0 is the one the webhook configuration
+/// calls), for scenarios that stop, restart or add one.
+const SERVE: &str = "CONFIGHASH_E2E_SERVE";
+/// Where the user stories record what they measured (JSON lines), for the real tier's table.
+const STORIES: &str = "CONFIGHASH_E2E_STORIES";
 /// The workload resources confighash touches.
 const WORKLOAD_RESOURCES: [&str; 5] = [
     "deployments",
@@ -641,6 +647,91 @@ impl Env {
         }
     }
 
+    /// confighash's writes (create, update, patch, delete) to objects in `namespace` so far, as
+    /// the API server recorded them: the stand-in's record of its requests, or the real API
+    /// server's audit log (whatever its answer). Needs [`Env::counts_writes`].
+    pub fn confighash_writes(&self, namespace: &str) -> Vec<Audited> {
+        let namespace = self.ns(namespace);
+        let writes = |verb: &str| matches!(verb, "create" | "update" | "patch" | "delete");
+        match &self.api {
+            Some(api) => api
+                .audit()
+                .into_iter()
+                .filter(|r| {
+                    r.user == "system:serviceaccount:confighash:confighash"
+                        && r.namespace == namespace
+                        && writes(&r.verb)
+                })
+                .map(|r| Audited {
+                    verb: r.verb,
+                    resource: r.resource,
+                    namespace: r.namespace,
+                    name: r.name,
+                    code: 0,
+                })
+                .collect(),
+            None => audit()
+                .expect(
+                    "counting confighash's writes on a real cluster needs CONFIGHASH_E2E_AUDIT_LOG",
+                )
+                .requests()
+                .into_iter()
+                .filter(|r| r.namespace == namespace && writes(&r.verb))
+                .collect(),
+        }
+    }
+
+    /// Whether confighash can be stopped, started and given a second replica here: always in the
+    /// stand-in, with the real tier's `serve.sh` ([`SERVE`]) on a real cluster.
+    pub fn controls_confighash(&self) -> bool {
+        self.is_stand_in() || std::env::var_os(SERVE).is_some()
+    }
+
+    /// Stops confighash, the webhook and the watcher (the API server then follows the failure
+    /// policy, `Ignore`): in the stand-in both in-process parts, on a real cluster replica 0's
+    /// process (SIGTERM; `kill: true` for SIGKILL).
+    pub async fn stop_confighash(&mut self, kill: bool) {
+        if self.is_stand_in() {
+            self.stop_webhook().await;
+            self.stop_watcher();
+            return;
+        }
+        serve_sh(if kill { "kill" } else { "stop" }, 0).await;
+    }
+
+    /// Starts confighash again as it was started: in the stand-in the webhook on its port and the
+    /// watcher as the leader, on a real cluster replica 0's process, returning once it is ready
+    /// and its caches are synced.
+    pub async fn start_confighash(&mut self) {
+        if self.is_stand_in() {
+            self.start_webhook().await;
+            self.start_watcher();
+            return;
+        }
+        serve_sh("start", 0).await;
+    }
+
+    /// Records what a user story measured, for the real tier's table ([`STORIES`]).
+    pub fn record_story(&self, story: &str, expected: &str, measured: &str, test: &str) {
+        let Some(path) = std::env::var_os(STORIES) else {
+            return;
+        };
+        use std::io::Write;
+        let line = json!({
+            "story": story,
+            "expected": expected,
+            "measured": measured,
+            "test": test,
+            "server": if self.is_stand_in() { "stand-in" } else { "kube-apiserver" },
+        });
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap();
+        writeln!(file, "{line}").unwrap();
+    }
+
     /// Whether confighash's writes are counted here: always in the stand-in, with the audit log
     /// on a real cluster.
     pub fn counts_writes(&self) -> bool {
@@ -815,16 +906,31 @@ impl Env {
     /// [`Env::barrier`] proves ordering only.
     pub async fn settled(&self) {
         if !self.is_stand_in() {
-            let Ok(url) = std::env::var(METRICS_URL) else {
+            let Ok(urls) = std::env::var(METRICS_URL) else {
                 return;
             };
             let start = tokio::time::Instant::now();
             loop {
-                let last = match remote_outstanding(&url).await {
-                    Ok((0, 0)) => return,
-                    Ok(outstanding) => format!("(pending, in flight) {outstanding:?}"),
-                    Err(e) => e,
-                };
+                // Every replica that answers has nothing pending; one that does not answer is
+                // not running (stopped by a scenario), so it has nothing pending either, but
+                // one replica at least must answer.
+                let mut answered = 0;
+                let mut busy = Vec::new();
+                let mut errors = Vec::new();
+                for url in urls.split(',') {
+                    match remote_outstanding(url).await {
+                        Ok((0, 0)) => answered += 1,
+                        Ok(outstanding) => {
+                            answered += 1;
+                            busy.push(format!("{url}: (pending, in flight) {outstanding:?}"));
+                        }
+                        Err(e) => errors.push(e),
+                    }
+                }
+                if answered > 0 && busy.is_empty() {
+                    return;
+                }
+                let last = format!("{busy:?} {errors:?}");
                 assert!(
                     start.elapsed() < DEADLINE,
                     "timed out waiting for confighash to settle: {last}"
@@ -1331,4 +1437,17 @@ impl AuditLog {
             .filter(|r| WORKLOAD_RESOURCES.contains(&r.resource.as_str()))
             .collect()
     }
+}
+
+/// Runs the real tier's `serve.sh VERB N` ([`SERVE`]) and fails the scenario if it fails.
+pub async fn serve_sh(verb: &str, replica: u8) {
+    let script = std::env::var_os(SERVE)
+        .expect("stopping or starting confighash on a real cluster needs CONFIGHASH_E2E_SERVE");
+    let status = tokio::process::Command::new(&script)
+        .arg(verb)
+        .arg(replica.to_string())
+        .status()
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", std::path::Path::new(&script).display()));
+    assert!(status.success(), "serve.sh {verb} {replica}: {status}");
 }

@@ -107,6 +107,8 @@ pub(crate) struct Shared {
     tokens: Mutex<HashMap<String, UserInfo>>,
     webhook_calls: Mutex<Vec<WebhookCall>>,
     requests: Mutex<Vec<(String, String)>>,
+    /// Every resource request by whom, as kube-apiserver's audit log records them.
+    audit: Mutex<Vec<Audited>>,
     /// Requests that have arrived, counted before any injected delay.
     received: std::sync::atomic::AtomicU64,
     bookmark_interval: Duration,
@@ -159,6 +161,7 @@ impl ApiServer {
             tokens: Mutex::new(HashMap::new()),
             webhook_calls: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
+            audit: Mutex::new(Vec::new()),
             received: std::sync::atomic::AtomicU64::new(0),
             bookmark_interval: options.bookmark_interval,
             namespace_termination: options.namespace_termination,
@@ -329,6 +332,23 @@ impl ApiServer {
     pub fn requests(&self) -> Vec<(String, String)> {
         lock(&self.shared.requests).clone()
     }
+
+    /// Every resource request so far with its user, namespace and name, as kube-apiserver's
+    /// audit log records them (the name of a create is the object's; the answer is not kept).
+    pub fn audit(&self) -> Vec<Audited> {
+        lock(&self.shared.audit).clone()
+    }
+}
+
+/// One resource request, as an entry of kube-apiserver's audit log names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audited {
+    pub user: String,
+    pub verb: String,
+    /// The resource's plural, with `/status` for the status subresource.
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
 }
 
 // ----- errors -----
@@ -593,6 +613,13 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
         ));
     }
     lock(&shared.requests).push((verb.to_owned(), requested.clone()));
+    lock(&shared.audit).push(Audited {
+        user: user.username.clone(),
+        verb: verb.to_owned(),
+        resource: requested.clone(),
+        namespace: namespace.clone().unwrap_or_default(),
+        name: name.clone().unwrap_or_default(),
+    });
 
     let field_selector = query.get("fieldSelector").map(String::as_str).unwrap_or("");
     let fields =
