@@ -1219,6 +1219,33 @@ fn chart_refuses_clusters_older_than_the_minimum() {
     );
 }
 
+/// Every Argo CD `ignoreDifferences` the READMEs give covers the caBundle of every webhook entry
+/// (the configuration has two, and confighash writes both): a pointer to `/webhooks/0` alone
+/// would leave the second entry OutOfSync after every certificate renewal.
+#[test]
+fn the_readmes_ignore_the_ca_bundle_of_every_webhook_entry() {
+    let objects = template("confighash", "confighash", "").unwrap();
+    let configuration = objects
+        .iter()
+        .find(|o| type_of(o).1 == "MutatingWebhookConfiguration")
+        .unwrap();
+    assert_eq!(configuration["webhooks"].as_array().map(Vec::len), Some(2));
+    for readme in ["../../README.md", "README.md"] {
+        let text = read(&chart_dir().join(readme));
+        let blocks = text.matches("ignoreDifferences:").count();
+        assert!(blocks > 0, "{readme} shows Argo CD's ignoreDifferences");
+        assert!(
+            !text.contains("/webhooks/0/clientConfig/caBundle\n"),
+            "{readme} ignores the first entry's caBundle only"
+        );
+        assert_eq!(
+            text.matches(".webhooks[].clientConfig.caBundle").count(),
+            blocks,
+            "{readme}: each ignoreDifferences covers every entry's caBundle"
+        );
+    }
+}
+
 fn dir_path(path: &Path) -> String {
     path.to_str().expect("a UTF-8 path").to_owned()
 }

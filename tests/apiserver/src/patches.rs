@@ -259,13 +259,32 @@ fn strip(v: &Value) -> Value {
 /// kube-apiserver a field the manager stops applying is not removed and there are no conflicts
 /// between managers; confighash applies whole objects it alone manages, where the two behave
 /// the same.
+///
+/// A `null` in the applied configuration is no opinion, as kube-apiserver takes it: it removes
+/// nothing another manager set (`annotations: null` in a pod template leaves a webhook's
+/// annotation and its owner in place; a merge patch would delete the map).
 pub fn apply(existing: Option<&Value>, applied: &Value) -> Value {
+    let applied = without_nulls(applied);
     match existing {
-        None => applied.clone(),
+        None => applied,
         Some(existing) => {
             let mut out = existing.clone();
-            json_patch::merge(&mut out, applied);
+            json_patch::merge(&mut out, &applied);
             out
         }
+    }
+}
+
+/// `v` without the members whose value is `null`, at every depth of objects.
+fn without_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), without_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+        other => other.clone(),
     }
 }
