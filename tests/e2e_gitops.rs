@@ -196,7 +196,10 @@ async fn a_sync_inside_an_open_change_window_rolls_once_and_leaves_the_touch_not
         opened.elapsed()
     );
     let new_stamp = stamp_of(&diff).unwrap();
-    assert_ne!(new_stamp, stamp, "the diff inside the window shows the new stamp");
+    assert_ne!(
+        new_stamp, stamp,
+        "the diff inside the window shows the new stamp"
+    );
     assert_eq!(stamp_of(&synced).as_deref(), Some(new_stamp.as_str()));
     env.wait_rollouts("g2", "Deployment", "web", 1).await;
 

@@ -1,8 +1,9 @@
 //! End to end: confighash's lifecycle and failure modes. Restarts, lookup failures, a webhook
 //! that is down, a replaced key, a killed leader, dropped watches, Events and rate limits; each
-//! scenario checks rollout counts. All but the Events of a change need the in-memory API server
-//! and confighash in-process (they inject faults, restart parts, swap the key or read metrics),
-//! so on a real cluster they are skipped.
+//! scenario checks rollout counts. Restarts run on a real cluster too, with the real tier's
+//! `serve.sh` ([`Env::controlling`]); the rest need the in-memory API server and confighash
+//! in-process (they inject faults, stop the webhook alone, swap the key or read metrics), so on
+//! a real cluster they are skipped.
 
 #[path = "e2e/support.rs"]
 mod support;
@@ -79,19 +80,19 @@ async fn config_changed_events(env: &Env, name: &str) -> Vec<Event> {
 
 #[tokio::test]
 async fn a_restart_with_nothing_changed_rolls_nothing() {
-    let Some(mut env) = Env::stand_in(
+    let Some(mut env) = Env::controlling(
         "a_restart_with_nothing_changed_rolls_nothing",
-        "restarts the watcher and the webhook",
+        Setup::default(),
     )
     .await
     else {
         return;
     };
     shop(&env).await;
+    let mark = env.mark(NS).await;
 
-    env.stop_watcher();
-    env.start_watcher();
-    env.restart_webhook().await;
+    env.stop_confighash(false).await;
+    env.start_confighash().await;
     // Twice: the first may be handled by the new watcher's reconcile at start, in the same pass
     // as `web`; by the second, that pass is over.
     env.barrier(NS).await;
@@ -101,13 +102,14 @@ async fn a_restart_with_nothing_changed_rolls_nothing() {
         0,
         "stamps are compared, not replayed"
     );
+    env.assert_quiet_since(&mark, "web", "a restart").await;
 }
 
 #[tokio::test]
 async fn a_change_made_while_the_watcher_was_down_rolls_once_at_start() {
-    let Some(mut env) = Env::stand_in(
+    let Some(mut env) = Env::controlling(
         "a_change_made_while_the_watcher_was_down_rolls_once_at_start",
-        "stops and starts the watcher",
+        Setup::default(),
     )
     .await
     else {
@@ -116,10 +118,20 @@ async fn a_change_made_while_the_watcher_was_down_rolls_once_at_start() {
     shop(&env).await;
     let before = env.stamp(NS, "Deployment", "web").await;
 
-    env.stop_watcher();
+    // In the stand-in the watcher alone stops; on a real cluster the process (webhook and
+    // watcher), as a rollout of confighash's Deployment does.
+    if env.is_stand_in() {
+        env.stop_watcher();
+    } else {
+        env.stop_confighash(false).await;
+    }
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
         .await;
-    env.start_watcher();
+    if env.is_stand_in() {
+        env.start_watcher();
+    } else {
+        env.start_confighash().await;
+    }
     env.wait_rollouts(NS, "Deployment", "web", 1).await;
     env.barrier(NS).await;
     assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);

@@ -5,8 +5,8 @@
 //! webhook turns back rolls nothing, so rollouts alone cannot show one: the writes can.
 //!
 //! They run in the fast suite on the stand-in and in the real tier (`scripts/real-tier.sh`) on
-//! kube-apiserver, one at a time there: two of them stop confighash or add a replica. Each
-//! records what it measured ([`Env::record_story`]); the real tier turns the records into the
+//! kube-apiserver; the two that stop confighash or add a replica run there while no other
+//! scenario does ([`Env::controlling`]). Each records what it measured ([`Env::record_story`]); the real tier turns the records into the
 //! table in `docs/user-stories.md`.
 
 #[path = "e2e/support.rs"]
@@ -399,12 +399,10 @@ async fn story_06_a_change_of_an_unused_key_rolls_nothing() {
 #[tokio::test]
 async fn story_07_a_change_while_confighash_is_stopped_rolls_once_when_it_starts() {
     const TEST: &str = "story_07_a_change_while_confighash_is_stopped_rolls_once_when_it_starts";
-    let mut env = Env::start().await;
-    if !counted(&env, TEST) {
+    let Some(mut env) = Env::controlling(TEST, Setup::default()).await else {
         return;
-    }
-    if !env.controls_confighash() {
-        eprintln!("skipped: {TEST} stops and starts confighash: set CONFIGHASH_E2E_SERVE");
+    };
+    if !counted(&env, TEST) {
         return;
     }
     env.namespace("u7", true).await;
@@ -668,16 +666,18 @@ async fn leader_replica(env: &Env) -> Option<u8> {
 #[tokio::test]
 async fn story_12_the_leader_killed_during_a_change_still_rolls_once() {
     const TEST: &str = "story_12_the_leader_killed_during_a_change_still_rolls_once";
-    let env = Env::start_with(Setup {
-        start_watcher: false,
-        ..Default::default()
-    })
-    .await;
-    if !counted(&env, TEST) {
+    let Some(env) = Env::controlling(
+        TEST,
+        Setup {
+            start_watcher: false,
+            ..Default::default()
+        },
+    )
+    .await
+    else {
         return;
-    }
-    if !env.controls_confighash() {
-        eprintln!("skipped: {TEST} adds a replica and kills the leader: set CONFIGHASH_E2E_SERVE");
+    };
+    if !counted(&env, TEST) {
         return;
     }
     // Two replicas electing a leader on a Lease: in-process in the stand-in, a second process

@@ -106,6 +106,10 @@ pub struct Env {
     /// On a real cluster: this Env's suffix of namespace names ([`Env::ns`]), and the cluster
     /// to delete its namespaces from when it is dropped.
     run: Option<(String, kube::Config)>,
+    /// On a real cluster with [`SERVE`]: this Env's hold on the lock that serialises scenarios
+    /// stopping or adding confighash replicas against every other scenario (shared by the
+    /// others, exclusive for those: [`Env::controlling`]).
+    _lock: Option<std::fs::File>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -253,6 +257,7 @@ impl Env {
             config: App::watcher_config(serving.config(), serving.namespace()),
             rollouts_served: setup.rollouts_served,
             run: None,
+            _lock: None,
             _dir: Some(dir),
         };
         env.register_webhook("Ignore").await;
@@ -303,7 +308,33 @@ impl Env {
         Some(Self::start().await)
     }
 
+    /// For a scenario that stops, restarts or adds confighash replicas: the stand-in, or a real
+    /// cluster with the real tier's `serve.sh` ([`SERVE`]), where it waits until no other
+    /// scenario runs (of any test binary) and keeps them waiting until it ends; elsewhere it is
+    /// skipped, and says so.
+    pub async fn controlling(test: &str, setup: Setup) -> Option<Env> {
+        if std::env::var_os(KUBECONFIG).is_none() {
+            return Some(Self::start_with(setup).await);
+        }
+        if std::env::var_os(SERVE).is_none() {
+            eprintln!(
+                "skipped: {test} stops or adds confighash replicas: on a real cluster it needs \
+                 {SERVE} (the real tier's serve.sh)"
+            );
+            return None;
+        }
+        let lock = scenario_lock(true).await;
+        let mut env = CONTROLLING.scope(true, Self::start_with(setup)).await;
+        env._lock = lock;
+        Some(env)
+    }
+
     async fn real_cluster(path: std::ffi::OsString) -> Env {
+        let lock = if CONTROLLING.try_with(|c| *c).unwrap_or(false) {
+            None
+        } else {
+            scenario_lock(false).await
+        };
         let kubeconfig = kube::config::Kubeconfig::read_from(&path)
             .expect("CONFIGHASH_E2E_KUBECONFIG is readable");
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
@@ -336,6 +367,7 @@ impl Env {
             config: WatcherConfig::default(),
             rollouts_served,
             run: Some((suffix, config)),
+            _lock: lock,
             _dir: None,
         }
     }
@@ -608,16 +640,24 @@ impl Env {
             .unwrap_or(0)
     }
 
-    /// Every touch confighash has made, whatever its outcome: its own writes to workloads. In the
-    /// stand-in the in-process watcher's metrics count them; on a real cluster the API server's
-    /// audit log does (every PATCH, UPDATE or CREATE of a workload by confighash's user in this
-    /// Env's namespaces, whatever its answer), which needs [`AUDIT_LOG`].
+    /// Every touch confighash has made, whatever its outcome: its own writes to workloads (every
+    /// PATCH, UPDATE or CREATE of a workload by confighash's user, whatever its answer), as the API
+    /// server recorded them: the stand-in's record of requests, or on a real cluster its audit log
+    /// (in this Env's namespaces), which needs [`AUDIT_LOG`].
     pub fn touches(&self) -> u64 {
         match &self.run {
-            None => ["touched", "kept-by-webhook", "gone", "error"]
-                .into_iter()
-                .map(|outcome| self.metrics.touches(outcome))
-                .sum(),
+            // The stand-in's record of requests: the in-process watcher's metrics start again
+            // with each watcher a scenario starts, the API server's record does not.
+            None => self
+                .api()
+                .audit()
+                .iter()
+                .filter(|r| {
+                    r.user == "system:serviceaccount:confighash:confighash"
+                        && matches!(r.verb.as_str(), "create" | "update" | "patch")
+                        && WORKLOAD_RESOURCES.contains(&r.resource.as_str())
+                })
+                .count() as u64,
             Some((suffix, _)) => audit()
                 .expect(
                     "counting confighash's writes on a real cluster needs CONFIGHASH_E2E_AUDIT_LOG",
@@ -1450,4 +1490,34 @@ pub async fn serve_sh(verb: &str, replica: u8) {
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", std::path::Path::new(&script).display()));
     assert!(status.success(), "serve.sh {verb} {replica}: {status}");
+}
+
+tokio::task_local! {
+    /// Set while [`Env::controlling`] builds its Env, which holds the exclusive lock already.
+    static CONTROLLING: bool;
+}
+
+/// The lock beside the real tier's `serve.sh` ([`SERVE`]): shared by every real-cluster scenario,
+/// exclusive for one that stops or adds confighash replicas. None without `serve.sh`.
+async fn scenario_lock(exclusive: bool) -> Option<std::fs::File> {
+    let script = std::env::var_os(SERVE)?;
+    let path = std::path::PathBuf::from(script).with_extension("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    tokio::task::spawn_blocking(move || {
+        if exclusive {
+            file.lock()
+        } else {
+            file.lock_shared()
+        }
+        .map(|()| file)
+    })
+    .await
+    .unwrap()
+    .map(Some)
+    .unwrap_or_else(|e| panic!("locking {}: {e}", path.display()))
 }
