@@ -68,8 +68,8 @@ KUBECTL=("$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig")
 phase "tools ready: $BIN"
 
 (cd "$ROOT" && cargo build --locked --bin confighash) || fail "cargo build failed"
-(cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security --test stories) >/dev/null 2>&1 ||
-    (cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security --test stories) ||
+(cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security --test stories --test differential) >/dev/null 2>&1 ||
+    (cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security --test stories --test differential) ||
     fail "building the e2e tests failed"
 CONFIGHASH="$ROOT/target/debug/confighash"
 phase "confighash and the e2e tests built"
@@ -238,7 +238,7 @@ rm -f "$CONFIGHASH_E2E_STORIES"
 status=0
 # Scenarios that stop, restart or add confighash replicas take a lock beside serve.sh that keeps
 # every other scenario out while they run (tests/e2e/support.rs, Env::controlling).
-cargo test --locked --test 'e2e_*' --test security --test stories -- "${test_args[@]}" || status=$?
+cargo test --locked --test 'e2e_*' --test security --test stories --test differential -- "${test_args[@]}" || status=$?
 phase "e2e scenarios and user stories on the real control plane: exit $status"
 if [ -s "$CONFIGHASH_E2E_STORIES" ]; then
     python3 "$HERE/stories-table.py" "$CONFIGHASH_E2E_STORIES" >"$STATE/user-stories.md"
