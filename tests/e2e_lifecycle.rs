@@ -16,7 +16,7 @@ use confighash::core::checksum::StampKey;
 use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -182,9 +182,9 @@ async fn a_lookup_failure_at_create_is_marked_and_reconcile_resolves_it() {
 
 #[tokio::test]
 async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
-    let Some(mut env) = Env::stand_in(
+    let Some(mut env) = Env::controlling(
         "a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp",
-        "stops the webhook",
+        Setup::default(),
     )
     .await
     else {
@@ -214,9 +214,9 @@ async fn a_change_while_the_webhook_is_down_still_lands_with_the_right_stamp() {
 
 #[tokio::test]
 async fn a_replaced_key_rolls_nothing_until_a_config_change() {
-    let Some(mut env) = Env::stand_in(
+    let Some(mut env) = Env::controlling(
         "a_replaced_key_rolls_nothing_until_a_config_change",
-        "swaps the key, restarts the watcher",
+        Setup::default(),
     )
     .await
     else {
@@ -225,14 +225,33 @@ async fn a_replaced_key_rolls_nothing_until_a_config_change() {
     shop(&env).await;
     let old = env.stamp(NS, "Deployment", "web").await.unwrap();
 
-    let new_key = StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap();
+    // A key of this run's own: on a real cluster an earlier run may have left the fixed one.
+    let bytes: [u8; 32] = rand::random();
+    let new_key = StampKey::new(bytes.to_vec()).unwrap();
     let new_id = new_key.id().to_owned();
     assert!(!old.starts_with(&format!("v2:{new_id}:")));
-    env.keys.set(new_key);
-
-    // Reconcile leaves the foreign stamp alone.
-    env.stop_watcher();
-    env.start_watcher();
+    // Reconcile after a restart leaves the foreign stamp alone. In the stand-in the key store
+    // takes the new key and the watcher restarts; on a real cluster the key Secret is replaced
+    // and confighash restarts with it.
+    if env.is_stand_in() {
+        env.keys.set(new_key);
+        env.stop_watcher();
+        env.start_watcher();
+    } else {
+        use base64::Engine;
+        Api::<Secret>::namespaced(env.client.clone(), "confighash")
+            .patch(
+                "confighash-key",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {
+                    "key": base64::engine::general_purpose::STANDARD.encode(bytes)
+                }})),
+            )
+            .await
+            .unwrap();
+        env.stop_confighash(false).await;
+        env.start_confighash().await;
+    }
     env.barrier(NS).await;
     env.barrier(NS).await;
     // An UPDATE that leaves the template unchanged keeps it too.

@@ -110,6 +110,8 @@ pub struct Env {
     /// stopping or adding confighash replicas against every other scenario (shared by the
     /// others, exclusive for those: [`Env::controlling`]).
     _lock: Option<std::fs::File>,
+    /// Whether `_lock` is the exclusive one ([`Env::controlling`]).
+    exclusive: bool,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -258,6 +260,7 @@ impl Env {
             rollouts_served: setup.rollouts_served,
             run: None,
             _lock: None,
+            exclusive: false,
             _dir: Some(dir),
         };
         env.register_webhook("Ignore").await;
@@ -326,6 +329,7 @@ impl Env {
         let lock = scenario_lock(true).await;
         let mut env = CONTROLLING.scope(true, Self::start_with(setup)).await;
         env._lock = lock;
+        env.exclusive = true;
         Some(env)
     }
 
@@ -368,6 +372,7 @@ impl Env {
             rollouts_served,
             run: Some((suffix, config)),
             _lock: lock,
+            exclusive: false,
             _dir: None,
         }
     }
@@ -450,17 +455,94 @@ impl Env {
         self.webhook = Some(running);
     }
 
-    /// Stops the webhook (the API server then follows the failure policy).
+    /// Stops the webhook (the API server then follows the failure policy). On a real cluster,
+    /// in a scenario started with [`Env::controlling`], the webhook configuration's entries are
+    /// pointed at a closed port of loopback instead, until [`Env::restart_webhook`]: to the API
+    /// server that is a webhook that is down, while the watcher runs on.
     pub async fn stop_webhook(&mut self) {
-        self.in_process("stopping the webhook");
+        if !self.is_stand_in() {
+            self.redirect_webhook(true).await;
+            return;
+        }
         if let Some(w) = self.webhook.take() {
             w.shutdown().await;
         }
     }
 
     pub async fn restart_webhook(&mut self) {
+        if !self.is_stand_in() {
+            self.redirect_webhook(false).await;
+            return;
+        }
         self.stop_webhook().await;
         self.start_webhook().await;
+    }
+
+    /// On a real cluster: points both entries of the chart's webhook configuration at a closed
+    /// port (`away`) or back at the URL they had, then polls until the API server's admission
+    /// follows (a dry-run CREATE in an opted-in namespace of this Env's comes back unstamped, or
+    /// stamped).
+    async fn redirect_webhook(&mut self, away: bool) {
+        assert!(
+            CONTROLLING.try_with(|c| *c).unwrap_or(false) || self.exclusive,
+            "the webhook of a real cluster is shared: start the scenario with Env::controlling"
+        );
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        let live = api.get("confighash").await.unwrap();
+        let entries = live.webhooks.unwrap_or_default();
+        if away {
+            self.webhook_url = entries[0].client_config.url.clone().expect(
+                "the chart's webhook configuration calls a URL (the real tier's webhook.url)",
+            );
+        }
+        let url = if away {
+            "https://127.0.0.1:9/mutate".to_owned()
+        } else {
+            self.webhook_url.clone()
+        };
+        let patch: Vec<Value> = (0..entries.len())
+            .map(|i| json!({"op": "replace", "path": format!("/webhooks/{i}/clientConfig/url"), "value": url}))
+            .collect();
+        api.patch(
+            "confighash",
+            &PatchParams::default(),
+            &Patch::<()>::Json(serde_json::from_value(Value::Array(patch)).unwrap()),
+        )
+        .await
+        .unwrap();
+        let probe = "webhook-probe";
+        if Api::<Namespace>::all(self.client.clone())
+            .get_opt(&self.ns(probe))
+            .await
+            .unwrap()
+            .is_none()
+        {
+            self.namespace(probe, true).await;
+        }
+        let deployments: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &self.ns(probe),
+            &api_resource("Deployment"),
+        );
+        let object: DynamicObject =
+            serde_json::from_value(workload_object("Deployment", "probe", &[], json!({}))).unwrap();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        self.eventually_with(
+            || async {
+                let created = deployments.create(&dry_run, &object).await.unwrap();
+                let stamped = created
+                    .data
+                    .pointer("/spec/template/metadata/annotations")
+                    .and_then(|a| a.get(STAMP))
+                    .is_some();
+                stamped != away
+            },
+            || format!("the API server to call the webhook at {url}"),
+        )
+        .await;
     }
 
     /// Registers confighash's MutatingWebhookConfiguration, as deploy/ does: the entry for
