@@ -235,6 +235,11 @@ export CONFIGHASH_E2E_DEBOUNCE="$DEBOUNCE"
 export CONFIGHASH_E2E_SERVE="$STATE/serve.sh"
 export CONFIGHASH_E2E_STORIES="$STATE/stories.jsonl"
 rm -f "$CONFIGHASH_E2E_STORIES"
+# The same settings for a shell (tests or benches against this control plane, with
+# CONFIGHASH_REAL_KEEP=1): `source $STATE/e2e.env`.
+for var in $(compgen -e | grep '^CONFIGHASH_E2E_'); do
+    printf 'export %s=%q\n' "$var" "${!var}"
+done >"$STATE/e2e.env"
 status=0
 # Scenarios that stop, restart or add confighash replicas take a lock beside serve.sh that keeps
 # every other scenario out while they run (tests/e2e/support.rs, Env::controlling).
