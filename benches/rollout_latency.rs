@@ -12,7 +12,6 @@
 //!
 //!   cargo bench --bench rollout_latency                  # CONFIGHASH_LATENCY_CHANGES=50
 #[path = "../tests/e2e/support.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::time::{Duration, Instant};
