@@ -16,7 +16,7 @@ use confighash::core::checksum::StampKey;
 use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -230,28 +230,8 @@ async fn a_replaced_key_rolls_nothing_until_a_config_change() {
     let new_key = StampKey::new(bytes.to_vec()).unwrap();
     let new_id = new_key.id().to_owned();
     assert!(!old.starts_with(&format!("v2:{new_id}:")));
-    // Reconcile after a restart leaves the foreign stamp alone. In the stand-in the key store
-    // takes the new key and the watcher restarts; on a real cluster the key Secret is replaced
-    // and confighash restarts with it.
-    if env.is_stand_in() {
-        env.keys.set(new_key);
-        env.stop_watcher();
-        env.start_watcher();
-    } else {
-        use base64::Engine;
-        Api::<Secret>::namespaced(env.client.clone(), "confighash")
-            .patch(
-                "confighash-key",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"data": {
-                    "key": base64::engine::general_purpose::STANDARD.encode(bytes)
-                }})),
-            )
-            .await
-            .unwrap();
-        env.stop_confighash(false).await;
-        env.start_confighash().await;
-    }
+    // Reconcile after a restart leaves the foreign stamp alone.
+    env.replace_key(&bytes).await;
     env.barrier(NS).await;
     env.barrier(NS).await;
     // An UPDATE that leaves the template unchanged keeps it too.

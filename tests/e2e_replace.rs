@@ -4,19 +4,19 @@
 //! webhook that adds a pod-template field at every write and is called after confighash or
 //! before it.
 //!
-//! These need the in-memory API server (second webhook, key replacement, webhook outage) and are
-//! skipped on a real cluster; opting a workload out by replace runs on both.
+//! They run on both servers: on a real cluster the second webhook is served here on loopback,
+//! the key Secret is replaced and the outage is the webhook configuration pointed at a closed
+//! port, under [`Env::controlling`]'s lock.
 
 #[path = "e2e/support.rs"]
 mod support;
 
 use apiserver::TestWebhook;
-use confighash::core::checksum::StampKey;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use support::{Env, api_resource, workload_object};
+use support::{Env, Setup, api_resource, workload_object};
 
 /// The template annotation the second webhook adds.
 const SIDECAR: &str = "sidecar.example/injected";
@@ -41,11 +41,14 @@ enum Carried {
 }
 
 /// Registers a webhook that adds [`SIDECAR`] to the pod template at every CREATE and UPDATE in
-/// namespaces labelled `sidecar=<name>`, with `reinvocationPolicy: IfNeeded`.
+/// namespaces labelled `sidecar=<name>`, with `reinvocationPolicy: IfNeeded`. It is served here
+/// on loopback, where a real API server calls it too; its configuration is named `name` and
+/// this Env's suffix (`name` itself in the stand-in), so its order beside `confighash` is the
+/// one `name` gives.
 async fn register_sidecar(env: &Env, name: &str) -> TestWebhook {
     let hook = TestWebhook::annotating(SIDECAR, "true").await;
-    let mut configuration = hook.configuration(name, "Fail");
-    configuration["webhooks"][0]["name"] = json!(format!("{name}.example"));
+    let mut configuration = hook.configuration(&env.ns(name), "Fail");
+    configuration["webhooks"][0]["name"] = json!(format!("{name}.example.test"));
     configuration["webhooks"][0]["namespaceSelector"] = json!({"matchLabels": {"sidecar": name}});
     configuration["webhooks"][0]["reinvocationPolicy"] = json!("IfNeeded");
     Api::<MutatingWebhookConfiguration>::all(env.client.clone())
@@ -67,12 +70,7 @@ fn manifest(stored: &Value) -> DynamicObject {
 }
 
 async fn replace_rolls_nothing(test: &str, carried: Carried) {
-    let Some(mut env) = Env::stand_in(
-        test,
-        "a second webhook served here, a key swap, a webhook outage",
-    )
-    .await
-    else {
+    let Some(mut env) = Env::controlling(test, Setup::default()).await else {
         return;
     };
     let mut hooks = Vec::new();
@@ -103,10 +101,9 @@ async fn replace_rolls_nothing(test: &str, carried: Carried) {
     match carried {
         Carried::None => env.restart_webhook().await,
         Carried::Foreign => {
-            env.keys
-                .set(StampKey::new(b"fedcba9876543210fedcba9876543210".to_vec()).unwrap());
-            env.stop_watcher();
-            env.start_watcher();
+            // A key of this run's own: on a real cluster an earlier run may have left one.
+            let bytes: [u8; 32] = rand::random();
+            env.replace_key(&bytes).await;
         }
         Carried::Current => {}
     }
@@ -137,6 +134,16 @@ async fn replace_rolls_nothing(test: &str, carried: Carried) {
     }
     for hook in &hooks {
         assert!(hook.calls() > 0, "the second webhook was called");
+    }
+    // On a real cluster the second webhooks' configurations outlive the test: remove them.
+    let configurations: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    for (_, sidecar) in NAMESPACES {
+        if let Some(name) = sidecar.filter(|_| !env.is_stand_in()) {
+            configurations
+                .delete(&env.ns(name), &Default::default())
+                .await
+                .unwrap();
+        }
     }
 }
 

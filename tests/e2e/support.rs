@@ -833,6 +833,36 @@ impl Env {
         serve_sh("start", 0).await;
     }
 
+    /// Replaces confighash's HMAC key with `bytes` and restarts its watcher, so reconcile runs
+    /// with the new key: in the stand-in the key store takes it; on a real cluster (in a
+    /// scenario started with [`Env::controlling`]) the key Secret of the chart's release is
+    /// patched and confighash restarted.
+    pub async fn replace_key(&mut self, bytes: &[u8]) {
+        if self.is_stand_in() {
+            self.keys
+                .set(confighash::core::checksum::StampKey::new(bytes.to_vec()).unwrap());
+            self.stop_watcher();
+            self.start_watcher();
+            return;
+        }
+        assert!(
+            self.exclusive,
+            "the key of a real cluster is shared: start the scenario with Env::controlling"
+        );
+        Api::<Secret>::namespaced(self.client.clone(), "confighash")
+            .patch(
+                "confighash-key",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"data": {
+                    "key": base64::engine::general_purpose::STANDARD.encode(bytes)
+                }})),
+            )
+            .await
+            .unwrap();
+        self.stop_confighash(false).await;
+        self.start_confighash().await;
+    }
+
     /// Records what a user story measured, for the real tier's table ([`STORIES`]).
     pub fn record_story(&self, story: &str, expected: &str, measured: &str, test: &str) {
         let Some(path) = std::env::var_os(STORIES) else {

@@ -1509,6 +1509,28 @@ fn normalize(resource: &ResourceInfo, name: &str, obj: &mut Value) -> Result<(),
                 )));
             }
         }
+        // ValidateMutatingWebhookConfiguration: each webhook's name is a fully qualified domain
+        // name of at least three segments.
+        "MutatingWebhookConfiguration" => {
+            for (i, webhook) in obj
+                .get("webhooks")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let hook = webhook.get("name").and_then(Value::as_str).unwrap_or("");
+                if !is_dns_subdomain(hook) || hook.split('.').count() < 3 {
+                    return Err(ApiError::invalid(
+                        resource,
+                        name,
+                        format!(
+                            "webhooks[{i}].name: Invalid value: {hook:?}: should be a domain with at least three segments separated by dots"
+                        ),
+                    ));
+                }
+            }
+        }
         "Namespace" if resource.group.is_empty() => {
             // Defaulting (SetDefaults_Namespace) and the strategy's Canonicalize, before and
             // after admission: every Namespace is labelled with its own name.
