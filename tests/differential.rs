@@ -201,16 +201,7 @@ async fn run(env: &Env) -> Value {
     r.observe(env, "ConfigMap replaced unchanged").await;
 
     let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns(NS));
-    deployments
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
-                {"name": "app", "image": "example/app:2"}
-            ]}}}})),
-        )
-        .await
-        .unwrap();
+    env.set_image(NS, "web", "example/app:2").await;
     env.wait_rollouts(NS, "Deployment", "web", 2).await;
     r.observe(env, "Deployment image changed").await;
 

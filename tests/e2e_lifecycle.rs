@@ -8,13 +8,11 @@
 #[path = "e2e/support.rs"]
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use confighash::admin::metrics::Metrics;
 use confighash::core::checksum::StampKey;
-use confighash::watcher::leader::{self, LeaderConfig, Leadership};
-use confighash::watcher::{self, WatcherConfig};
+use confighash::watcher::WatcherConfig;
+use confighash::watcher::leader::Leadership;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
@@ -284,26 +282,10 @@ async fn a_killed_leader_is_replaced_and_a_change_rolls_once() {
         )
         .await
         .unwrap();
-    let election = |identity: &str| {
-        let mut config = LeaderConfig::new("confighash", identity);
-        config.lease_duration = Duration::from_millis(1500);
-        config.renew_deadline = Duration::from_millis(1000);
-        config.retry_period = Duration::from_millis(200);
-        leader::spawn(env.confighash.clone(), config)
-    };
-    let (lead_a, elect_a) = election("replica-a");
-    let (lead_b, elect_b) = election("replica-b");
+    let (lead_a, elect_a) = env.elect("replica-a");
+    let (lead_b, elect_b) = env.elect("replica-b");
     env.start_watcher_with(lead_a.clone());
-    let watcher_b = tokio::spawn(watcher::run(
-        env.confighash.clone(),
-        env.keys.clone(),
-        lead_b.clone(),
-        Arc::new(Metrics::new()),
-        WatcherConfig {
-            identity: "replica-b".to_owned(),
-            ..env.config.clone()
-        },
-    ));
+    let watcher_b = env.spawn_watcher("replica-b", lead_b.clone());
     shop(&env).await;
     env.eventually("a leader", || async {
         lead_a.is_leader() || lead_b.is_leader()

@@ -18,14 +18,9 @@ mod build;
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
 
-use confighash::admin::metrics::Metrics;
 use confighash::core::checksum::{Recipe, Stamp, StampKey};
 use confighash::core::workload::WorkloadKind;
-use confighash::watcher::leader::{self, LeaderConfig};
-use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -271,26 +266,10 @@ async fn a_config_change_during_a_leader_handover_rolls_each_dependent_once() {
         .unwrap();
 
     // Two replicas of the new version; one leads and reconciles over the v1 stamps.
-    let election = |identity: &str| {
-        let mut config = LeaderConfig::new("confighash", identity);
-        config.lease_duration = Duration::from_millis(1500);
-        config.renew_deadline = Duration::from_millis(1000);
-        config.retry_period = Duration::from_millis(200);
-        leader::spawn(env.confighash.clone(), config)
-    };
-    let (lead_a, elect_a) = election("replica-a");
-    let (lead_b, elect_b) = election("replica-b");
+    let (lead_a, elect_a) = env.elect("replica-a");
+    let (lead_b, elect_b) = env.elect("replica-b");
     env.start_watcher_with(lead_a.clone());
-    let watcher_b = tokio::spawn(watcher::run(
-        env.confighash.clone(),
-        env.keys.clone(),
-        lead_b.clone(),
-        Arc::new(Metrics::new()),
-        WatcherConfig {
-            identity: "replica-b".to_owned(),
-            ..env.config.clone()
-        },
-    ));
+    let watcher_b = env.spawn_watcher("replica-b", lead_b.clone());
     env.eventually("a leader", || async {
         lead_a.is_leader() || lead_b.is_leader()
     })

@@ -12,12 +12,8 @@
 #[path = "e2e/support.rs"]
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use confighash::admin::metrics::Metrics;
-use confighash::watcher::leader::{self, LeaderConfig, Leadership};
-use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -257,17 +253,7 @@ async fn story_03_config_map_and_deployment_changed_in_one_apply_roll_once() {
     let apply = tokio::time::Instant::now();
     env.config_map("u3", "app-env", &[("LOG_LEVEL", "debug")])
         .await;
-    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.ns("u3"));
-    deployments
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
-                {"name": "app", "image": "example/app:2"}
-            ]}}}})),
-        )
-        .await
-        .unwrap();
+    env.set_image("u3", "web", "example/app:2").await;
     assert!(
         apply.elapsed() < WINDOW,
         "the apply took {:?}, longer than the window: the story did not happen",
@@ -692,22 +678,8 @@ async fn story_12_the_leader_killed_during_a_change_still_rolls_once() {
             .await
             .unwrap();
         for identity in ["confighash-local-0", "confighash-local-1"] {
-            let mut config = LeaderConfig::new("confighash", identity);
-            config.lease_duration = Duration::from_millis(1500);
-            config.renew_deadline = Duration::from_millis(1000);
-            config.retry_period = Duration::from_millis(200);
-            let (leadership, election): (Leadership, _) =
-                leader::spawn(env.confighash.clone(), config);
-            let watcher = tokio::spawn(watcher::run(
-                env.confighash.clone(),
-                env.keys.clone(),
-                leadership.clone(),
-                Arc::new(Metrics::new()),
-                WatcherConfig {
-                    identity: identity.to_owned(),
-                    ..env.config.clone()
-                },
-            ));
+            let (leadership, election) = env.elect(identity);
+            let watcher = env.spawn_watcher(identity, leadership.clone());
             in_process.push((leadership, election, watcher));
         }
     } else {

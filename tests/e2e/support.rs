@@ -633,6 +633,50 @@ impl Env {
         )));
     }
 
+    /// A leader election on the `confighash` Lease for a replica run in-process, with short
+    /// periods (lease 1.5 s, renew deadline 1 s, retry 0.2 s) so a handover fits a scenario.
+    pub fn elect(&self, identity: &str) -> (Leadership, tokio::task::JoinHandle<()>) {
+        let mut config = confighash::watcher::leader::LeaderConfig::new("confighash", identity);
+        config.lease_duration = Duration::from_millis(1500);
+        config.renew_deadline = Duration::from_millis(1000);
+        config.retry_period = Duration::from_millis(200);
+        confighash::watcher::leader::spawn(self.confighash.clone(), config)
+    }
+
+    /// A watcher replica in-process beside the Env's own: `identity`, led by `leadership`, with
+    /// metrics of its own.
+    pub fn spawn_watcher(
+        &self,
+        identity: &str,
+        leadership: Leadership,
+    ) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(watcher::run(
+            self.confighash.clone(),
+            self.keys.clone(),
+            leadership,
+            Arc::new(Metrics::new()),
+            WatcherConfig {
+                identity: identity.to_owned(),
+                ..self.config.clone()
+            },
+        ))
+    }
+
+    /// Changes the image of a workload's container `app` with a strategic merge patch, as an
+    /// apply of a new manifest changes its pod template.
+    pub async fn set_image(&self, namespace: &str, name: &str, image: &str) {
+        Api::<Deployment>::namespaced(self.client.clone(), &self.ns(namespace))
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+                    {"name": "app", "image": image}
+                ]}}}})),
+            )
+            .await
+            .unwrap();
+    }
+
     pub fn stop_watcher(&mut self) {
         self.in_process("stopping the watcher");
         if let Some(w) = self.watcher.take() {
