@@ -484,7 +484,7 @@ impl Env {
     /// stamped).
     async fn redirect_webhook(&mut self, away: bool) {
         assert!(
-            CONTROLLING.try_with(|c| *c).unwrap_or(false) || self.exclusive,
+            self.exclusive,
             "the webhook of a real cluster is shared: start the scenario with Env::controlling"
         );
         let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
@@ -845,12 +845,6 @@ impl Env {
                 .filter(|r| r.namespace == namespace && writes(&r.verb))
                 .collect(),
         }
-    }
-
-    /// Whether confighash can be stopped, started and given a second replica here: always in the
-    /// stand-in, with the real tier's `serve.sh` ([`SERVE`]) on a real cluster.
-    pub fn controls_confighash(&self) -> bool {
-        self.is_stand_in() || std::env::var_os(SERVE).is_some()
     }
 
     /// Stops confighash, the webhook and the watcher (the API server then follows the failure
