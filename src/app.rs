@@ -176,6 +176,9 @@ pub struct WatcherSettings {
     /// How long a StatefulSet's or DaemonSet's rollout after a config change may take before it
     /// is reported stalled (`--rollout-timeout`).
     pub rollout_timeout: Duration,
+    /// The flap guard's threshold (`--flap-threshold`) and period (`--flap-period`).
+    pub flap_threshold: u32,
+    pub flap_period: Duration,
 }
 
 /// Leader election among replicas.
@@ -237,6 +240,8 @@ impl Default for WatcherSettings {
             retry_base: defaults.retry_base,
             bypass_grace: defaults.bypass_grace,
             rollout_timeout: defaults.rollout_timeout,
+            flap_threshold: defaults.flap_threshold,
+            flap_period: defaults.flap_period,
         }
     }
 }
@@ -491,6 +496,8 @@ impl App {
             retry_base: watcher.retry_base,
             bypass_grace: watcher.bypass_grace,
             rollout_timeout: watcher.rollout_timeout,
+            flap_threshold: watcher.flap_threshold,
+            flap_period: watcher.flap_period,
             identity: identity(config),
             max_references: config.max_references,
             excluded_namespaces: excluded_namespaces(config, namespace)

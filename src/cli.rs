@@ -266,6 +266,14 @@ pub struct ServeArgs {
     /// own progress deadline).
     #[arg(long, env = "CONFIGHASH_ROLLOUT_TIMEOUT", value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
     pub rollout_timeout: Duration,
+    /// The flap guard: a ConfigMap or Secret whose change windows open more than N times within
+    /// `--flap-period` rolls its dependents at most once per interval (1 minute, doubling up to
+    /// 15), always to its latest content, until a whole interval passes with no change.
+    #[arg(long, env = "CONFIGHASH_FLAP_THRESHOLD", value_name = "N", default_value_t = crate::watcher::state::DEFAULT_FLAP_THRESHOLD, value_parser = parse_flap_threshold)]
+    pub flap_threshold: u32,
+    /// The period over which `--flap-threshold` counts an object's change windows.
+    #[arg(long, env = "CONFIGHASH_FLAP_PERIOD", value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
+    pub flap_period: Duration,
     /// Roll workloads when a required ConfigMap or Secret is deleted (by default the stamp is
     /// kept: new pods could not start anyway).
     #[arg(long, env = "CONFIGHASH_ROLL_ON_DELETE")]
@@ -374,6 +382,8 @@ impl ServeArgs {
                 resync: self.resync,
                 max_touches_per_second: self.max_touches_per_second,
                 rollout_timeout: self.rollout_timeout,
+                flap_threshold: self.flap_threshold,
+                flap_period: self.flap_period,
                 ..WatcherSettings::default()
             },
             leader_election: LeaderElection {
@@ -409,6 +419,13 @@ fn parse_max_connections(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
         _ => Err(format!("{s:?} is not a number from 1 to 1000000")),
+    }
+}
+
+fn parse_flap_threshold(s: &str) -> Result<u32, String> {
+    match s.parse::<u32>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?} is not a number from 1 to 10000")),
     }
 }
 
@@ -704,6 +721,8 @@ mod tests {
             "--resync=2m",
             "--max-touches-per-second=0.5",
             "--rollout-timeout=15m",
+            "--flap-threshold=3",
+            "--flap-period=20m",
             "--roll-on-delete",
             "--stamp-existing",
             "--leader-elect=true",
@@ -739,6 +758,8 @@ mod tests {
                     resync: Duration::from_secs(120),
                     max_touches_per_second: 0.5,
                     rollout_timeout: Duration::from_secs(900),
+                    flap_threshold: 3,
+                    flap_period: Duration::from_secs(1200),
                     ..WatcherSettings::default()
                 },
                 leader_election: LeaderElection {

@@ -603,8 +603,8 @@ async fn a_touch_that_keeps_failing_records_one_touch_failed_event_and_lands_lat
     ))
     .unwrap();
     let no_patch = rbac.replace(
-        "resources: [deployments, statefulsets, daemonsets]\n    verbs: [list, watch, patch]",
-        "resources: [deployments, statefulsets, daemonsets]\n    verbs: [list, watch]",
+        "resources: [deployments, statefulsets, daemonsets]\n    verbs: [get, list, watch, patch]",
+        "resources: [deployments, statefulsets, daemonsets]\n    verbs: [get, list, watch]",
     );
     assert_ne!(
         no_patch, rbac,

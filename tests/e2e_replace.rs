@@ -41,15 +41,19 @@ enum Carried {
 }
 
 /// Registers a webhook that adds [`SIDECAR`] to the pod template at every CREATE and UPDATE in
-/// namespaces labelled `sidecar=<name>`, with `reinvocationPolicy: IfNeeded`. It is served here
-/// on loopback, where a real API server calls it too; its configuration is named `name` and
-/// this Env's suffix (`name` itself in the stand-in), so its order beside `confighash` is the
-/// one `name` gives.
-async fn register_sidecar(env: &Env, name: &str) -> TestWebhook {
+/// namespaces labelled `sidecar=<its configuration's name>`, with `reinvocationPolicy:
+/// IfNeeded`. It is served here on loopback, where a real API server calls it too; its
+/// configuration is named `name` and this Env's suffix (`name` itself in the stand-in), so its
+/// order beside `confighash` is the one `name` gives, and on a real cluster it selects only this
+/// Env's namespaces: a configuration another run left behind (its server gone) never fails this
+/// run's writes.
+async fn register_sidecar(env: &Env, name: &str) -> Sidecar {
     let hook = TestWebhook::annotating(SIDECAR, "true").await;
-    let mut configuration = hook.configuration(&env.ns(name), "Fail");
+    let configuration_name = env.ns(name);
+    let mut configuration = hook.configuration(&configuration_name, "Fail");
     configuration["webhooks"][0]["name"] = json!(format!("{name}.example.test"));
-    configuration["webhooks"][0]["namespaceSelector"] = json!({"matchLabels": {"sidecar": name}});
+    configuration["webhooks"][0]["namespaceSelector"] =
+        json!({"matchLabels": {"sidecar": configuration_name}});
     configuration["webhooks"][0]["reinvocationPolicy"] = json!("IfNeeded");
     Api::<MutatingWebhookConfiguration>::all(env.client.clone())
         .create(
@@ -58,7 +62,48 @@ async fn register_sidecar(env: &Env, name: &str) -> TestWebhook {
         )
         .await
         .unwrap();
-    hook
+    Sidecar {
+        hook,
+        configuration: env.real_config().map(|config| (config, configuration_name)),
+    }
+}
+
+/// A second webhook and, on a real cluster, its configuration, which outlives the test: dropping
+/// this deletes it (also when the test fails), before the webhook's server goes, so no write of a
+/// later test meets a configuration whose server is gone.
+struct Sidecar {
+    hook: TestWebhook,
+    configuration: Option<(kube::Config, String)>,
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let Some((config, name)) = self.configuration.take() else {
+            return;
+        };
+        // The test's runtime cannot be awaited from `drop`: a thread with a runtime and a
+        // client of its own.
+        let deleted = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+                Api::<MutatingWebhookConfiguration>::all(client)
+                    .delete(&name, &Default::default())
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("deleting the webhook configuration {name}: {e}"))
+            })
+        })
+        .join();
+        match deleted {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("real cluster: {e}"),
+            Err(_) => eprintln!("real cluster: deleting a webhook configuration panicked"),
+        }
+    }
 }
 
 /// The manifest in git: the workload as first applied, without any stamp, at the stored
@@ -81,7 +126,7 @@ async fn replace_rolls_nothing(test: &str, carried: Carried) {
                 .patch(
                     &env.ns(ns),
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {"sidecar": name}}})),
+                    &Patch::Merge(json!({"metadata": {"labels": {"sidecar": env.ns(name)}}})),
                 )
                 .await
                 .unwrap();
@@ -132,19 +177,10 @@ async fn replace_rolls_nothing(test: &str, carried: Carried) {
         );
         assert_eq!(env.stamp(ns, "Deployment", "web").await, stamp, "{ns}");
     }
-    for hook in &hooks {
-        assert!(hook.calls() > 0, "the second webhook was called");
+    for sidecar in &hooks {
+        assert!(sidecar.hook.calls() > 0, "the second webhook was called");
     }
-    // On a real cluster the second webhooks' configurations outlive the test: remove them.
-    let configurations: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
-    for (_, sidecar) in NAMESPACES {
-        if let Some(name) = sidecar.filter(|_| !env.is_stand_in()) {
-            configurations
-                .delete(&env.ns(name), &Default::default())
-                .await
-                .unwrap();
-        }
-    }
+    // On a real cluster dropping `hooks` deletes the second webhooks' configurations.
 }
 
 #[tokio::test]

@@ -44,8 +44,17 @@ struct BuildLabels {
 pub const REQUEST_FAILURE_OUTCOMES: [&str; 3] = ["bad-request", "busy", "timeout"];
 /// Outcomes of reads of referenced objects.
 pub const LOOKUP_OUTCOMES: [&str; 4] = ["found", "absent", "error", "deadline"];
-/// Outcomes of workload touches.
-pub const TOUCH_OUTCOMES: [&str; 5] = ["touched", "kept-by-webhook", "error", "gone", "would-roll"];
+/// Outcomes of workload touches. `stale`: the workload no longer carried what the touch
+/// expected to replace (the PATCH's `test` or resourceVersion precondition failed), so nothing
+/// was written and it was decided again.
+pub const TOUCH_OUTCOMES: [&str; 6] = [
+    "touched",
+    "kept-by-webhook",
+    "stale",
+    "error",
+    "gone",
+    "would-roll",
+];
 /// How followed rollouts ended: `complete` and `stalled` (each with its Event), `gone` (the
 /// workload or its namespace was deleted), `superseded` (its template was written again, by a
 /// newer touch or an update), `abandoned` (this replica stopped leading, the workload was paused,
@@ -128,6 +137,7 @@ pub struct Metrics {
     rollouts: Family<OutcomeLabels, Counter>,
     rollouts_followed: Gauge,
     rollout_latency: Histogram,
+    config_flapping: Gauge,
 }
 
 impl Default for Metrics {
@@ -284,6 +294,13 @@ impl Metrics {
             "Rollouts after config changes the leader follows now",
             rollouts_followed.clone(),
         );
+        let config_flapping = Gauge::default();
+        registry.register(
+            "config_flapping_objects",
+            "ConfigMaps and Secrets whose changes the flap guard holds back now (more than \
+             --flap-threshold change windows in --flap-period)",
+            config_flapping.clone(),
+        );
         // 1 s to about 2.3 h.
         let rollout_latency = Histogram::new(exponential_buckets(1.0, 2.0, 14));
         registry.register(
@@ -339,6 +356,7 @@ impl Metrics {
             rollouts,
             rollouts_followed,
             rollout_latency,
+            config_flapping,
             watched,
             synced,
             leader,
@@ -566,6 +584,17 @@ impl Metrics {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
+    /// How many ConfigMaps and Secrets the flap guard holds now.
+    pub fn set_config_flapping(&self, count: usize) {
+        self.config_flapping
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// How many ConfigMaps and Secrets the flap guard holds, as last set.
+    pub fn config_flapping(&self) -> u64 {
+        u64::try_from(self.config_flapping.get()).unwrap_or(0)
+    }
+
     /// How many rollouts are followed, as last set.
     pub fn rollouts_followed(&self) -> u64 {
         u64::try_from(self.rollouts_followed.get()).unwrap_or(0)
@@ -618,6 +647,7 @@ mod tests {
         zero("confighash_touches_pending");
         zero("confighash_touches_in_flight");
         zero("confighash_rollouts_followed");
+        zero("confighash_config_flapping_objects");
         zero("confighash_config_change_to_rollout_complete_seconds_count");
         for outcome in ROLLOUT_OUTCOMES {
             zero(&format!(

@@ -54,6 +54,15 @@ fn resource_version(rv: Option<&str>) -> Box<str> {
     rv.unwrap_or_default().into()
 }
 
+/// Whether `rv` is an older resourceVersion than `held`, both read as etcd revisions (decimal
+/// numbers); false when either is not one, since nothing can then be said.
+pub fn is_older(rv: &str, held: &str) -> bool {
+    match (rv.parse::<u64>(), held.parse::<u64>()) {
+        (Ok(rv), Ok(held)) => rv < held,
+        _ => false,
+    }
+}
+
 /// The digests of every watched ConfigMap and Secret, by namespace.
 #[derive(Debug, Default)]
 pub struct ConfigStore {
@@ -65,11 +74,25 @@ pub struct ConfigStore {
 impl ConfigStore {
     /// Records an object's state. True when the recipe's inputs changed: a new object, new
     /// content, or the ignore annotation added or removed (metadata-only writes are false).
+    ///
+    /// An object older than the one held (a lower resourceVersion of the same object, as a
+    /// cached list or a lagging watch can deliver) is refused: the view never goes back in one
+    /// object's history. resourceVersions are compared only when both are decimal numbers, as
+    /// etcd's revisions are; otherwise the newer arrival is taken.
     pub fn upsert(&mut self, key: ConfigKey, config: StoredConfig) -> bool {
         let (namespace, object) = key;
         let kind = object.kind;
         let objects = self.namespaces.entry(namespace).or_default();
         match objects.get_mut(&object) {
+            Some(old) if is_older(&config.resource_version, &old.resource_version) => {
+                tracing::debug!(
+                    name = %object.name,
+                    resource_version = %config.resource_version,
+                    held = %old.resource_version,
+                    "an older state of a ConfigMap or Secret; ignored"
+                );
+                false
+            }
             Some(old) => {
                 let changed = !old.same_inputs(&config);
                 *old = config;
@@ -502,5 +525,35 @@ mod tests {
         .unwrap();
         assert!(!entry.too_many_references);
         assert_eq!(entry.refs.len(), 256);
+    }
+
+    fn config_map_at(rv: &str, value: &str) -> StoredConfig {
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "app", "namespace": "shop", "resourceVersion": rv},
+            "data": {"k": value},
+        }))
+        .unwrap();
+        StoredConfig::from_config_map(&cm).unwrap()
+    }
+
+    #[test]
+    fn an_older_state_of_an_object_never_replaces_a_newer_one() {
+        let key = (
+            "shop".to_owned(),
+            ObjectRef::new(ObjectKind::ConfigMap, "app"),
+        );
+        let mut store = ConfigStore::default();
+        assert!(store.upsert(key.clone(), config_map_at("20", "B")));
+        // A cached list or a lagging watch delivers the state before it.
+        assert!(!store.upsert(key.clone(), config_map_at("9", "A")));
+        let held = store.get(&key).expect("the object is held");
+        assert_eq!(&*held.resource_version, "20");
+        assert_eq!(held.digest, config_map_at("20", "B").digest);
+        // Newer states go in; equal ones too (a relist repeats what was seen).
+        assert!(!store.upsert(key.clone(), config_map_at("20", "B")));
+        assert!(store.upsert(key.clone(), config_map_at("31", "C")));
+        // resourceVersions that are not numbers cannot be compared: the arrival is taken.
+        assert!(store.upsert(key.clone(), config_map_at("x", "D")));
+        assert!(is_older("9", "10") && !is_older("10", "9") && !is_older("a", "10"));
     }
 }

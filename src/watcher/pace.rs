@@ -44,6 +44,11 @@ impl<T: Ord> ChangeWindow<T> {
         Some(std::mem::take(&mut self.changes))
     }
 
+    /// Whether the open window holds a change of `change`.
+    pub fn contains(&self, change: &T) -> bool {
+        self.changes.contains(change)
+    }
+
     pub fn is_open(&self) -> bool {
         self.opened.is_some()
     }

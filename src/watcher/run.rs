@@ -28,7 +28,7 @@ use crate::core::workload::WorkloadKind;
 use crate::watcher::index::{ConfigKey, StoredConfig, WorkloadEntry, WorkloadKey};
 use crate::watcher::leader::Leadership;
 use crate::watcher::state::{
-    ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError, TouchResult,
+    Believed, ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError, TouchResult,
     WatcherConfig, WorkloadEvent, api_resource,
 };
 
@@ -182,6 +182,7 @@ impl Shell {
         for effect in effects {
             match effect {
                 Effect::Touch(touch) => self.touch(touch),
+                Effect::Recheck { workload, configs } => self.recheck(workload, configs),
                 Effect::Event(event) => self.publish(event, in_touch),
                 Effect::Backfill {
                     namespace,
@@ -209,6 +210,7 @@ impl Shell {
             stamp,
             why,
             attempt,
+            believed,
         } = touch;
         // A root span: a touch started while another one's result is handled is not part of it.
         let span = tracing::info_span!(
@@ -225,7 +227,8 @@ impl Shell {
         let key = workload.clone();
         let max_references = self.config.max_references;
         let task = tokio::spawn(
-            async move { patch(&client, &key, &stamp, max_references).await }.instrument(span),
+            async move { patch(&client, &key, &stamp, &believed, max_references).await }
+                .instrument(span),
         );
         let tx = self.tx.clone();
         tokio::spawn(async move {
@@ -243,6 +246,22 @@ impl Shell {
             }
             let _ = tx.send(Input::Touched(workload, result)).await;
         });
+    }
+
+    /// Reads a workload's references with consistent GETs in a task of its own; the result
+    /// comes back as [`Input::Rechecked`].
+    fn recheck(&mut self, workload: WorkloadKey, configs: Vec<ConfigKey>) {
+        let client = self.client.clone();
+        let tx = self.tx.clone();
+        let span = tracing::debug_span!(parent: None, "recheck", workload = %workload,
+            references = configs.len());
+        tokio::spawn(
+            async move {
+                let result = read_afresh(&client, configs).await;
+                let _ = tx.send(Input::Rechecked(workload, result)).await;
+            }
+            .instrument(span),
+        );
     }
 
     fn publish(&self, event: WorkloadEvent, in_touch: bool) {
@@ -600,46 +619,150 @@ async fn list_namespace<K: ConfigObject>(
 
 // ----- touches and Events -----
 
-/// The merge patch that sets the pod template's stamp to `expected`; the API server sends it
-/// through the webhook, which re-reads and confirms or corrects it. Says the stamp the stored
-/// workload carries afterwards, and what the index keeps of the stored workload.
+/// How many references of one workload are read at once by a recheck.
+const RECHECK_READS: usize = 8;
+
+/// Reads each object with a consistent GET (no resourceVersion: a quorum read of etcd), as the
+/// digest store keeps it; `None` for one that does not exist (or cannot be kept, as the watches
+/// treat it). The first error ends the read. Only digests leave this function.
+async fn read_afresh(
+    client: &kube::Client,
+    configs: Vec<ConfigKey>,
+) -> Result<Vec<(ConfigKey, Option<StoredConfig>)>, TouchError> {
+    futures::stream::iter(configs)
+        .map(|key| async move {
+            let stored = match key.1.kind {
+                ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(client.clone(), &key.0)
+                    .get_opt(&key.1.name)
+                    .await
+                    .map(|o| o.and_then(|o| o.stored())),
+                ObjectKind::Secret => Api::<Secret>::namespaced(client.clone(), &key.0)
+                    .get_opt(&key.1.name)
+                    .await
+                    .map(|o| o.and_then(|o| o.stored())),
+            };
+            stored.map(|s| (key, s)).map_err(|e| touch_error(&e))
+        })
+        .buffered(RECHECK_READS)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// A failed request as a touch's error: refused (403) or anything else, redacted.
+fn touch_error(e: &kube::Error) -> TouchError {
+    let error = redact::kube_error(e);
+    match e {
+        kube::Error::Api(s) if s.code == 403 => TouchError::Forbidden(error),
+        _ => TouchError::Other(error),
+    }
+}
+
+/// A JSON pointer token: `~` and `/` escaped.
+fn pointer_token(token: &str) -> String {
+    token.replace('~', "~0").replace('/', "~1")
+}
+
+/// The patch that sets the pod template's stamp to `expected` only if the workload still
+/// carries what the watcher believes: a JSON patch that `test`s the stamp before replacing it,
+/// or (no stamp) a merge patch carrying the resourceVersion, which the API server checks. The
+/// API server sends it through the webhook, which re-reads and confirms or corrects it.
+fn touch_patch(kind: WorkloadKind, expected: &str, believed: &Believed) -> Patch<Value> {
+    match believed {
+        Believed::Stamp(stamp) => {
+            let mut path = String::new();
+            for token in kind.template_path() {
+                path.push('/');
+                path.push_str(&pointer_token(token));
+            }
+            path.push_str("/metadata/annotations/");
+            path.push_str(&pointer_token(CHECKSUM_ANNOTATION));
+            let ops = json!([
+                {"op": "test", "path": path, "value": stamp},
+                {"op": "replace", "path": path, "value": expected},
+            ]);
+            Patch::Json(serde_json::from_value(ops).expect("a valid JSON patch"))
+        }
+        Believed::ResourceVersion(rv) => {
+            let mut patch = json!({"metadata": {"resourceVersion": rv}});
+            let mut here = &mut patch;
+            for token in kind.template_path() {
+                here = &mut here[*token];
+            }
+            *here = json!({"metadata": {"annotations": {CHECKSUM_ANNOTATION: expected}}});
+            Patch::Merge(patch)
+        }
+    }
+}
+
+/// Sets the pod template's stamp to `expected` by [`touch_patch`]. Says the stamp the stored
+/// workload carries afterwards, and what the index keeps of the stored workload. When the
+/// precondition failed (422 from a failed `test`, 409 from the resourceVersion), the workload is
+/// read: if it no longer carries what the watcher believed, the touch is `Stale` and the read
+/// is what the index keeps; if it still does, the refusal had another cause and is an error.
 async fn patch(
     client: &kube::Client,
     key: &WorkloadKey,
     expected: &str,
+    believed: &Believed,
     max_references: usize,
 ) -> (TouchResult, Option<WorkloadEntry>) {
     let kind = key.kind.kind();
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
-    let mut patch = json!({});
-    let mut here = &mut patch;
-    for token in kind.template_path() {
-        here = &mut here[*token];
-    }
-    *here = json!({"metadata": {"annotations": {CHECKSUM_ANNOTATION: expected}}});
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()
     };
-    match api.patch(&key.name, &params, &Patch::Merge(&patch)).await {
+    let entry = |value: &Value| {
+        WorkloadEntry::from_object_within(kind, value, max_references)
+            .ok()
+            .flatten()
+    };
+    let refused = match api
+        .patch(&key.name, &params, &touch_patch(kind, expected, believed))
+        .await
+    {
         Ok(obj) => {
             let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
             let (stamp, _) = crate::core::workload::stamp_and_marker(kind, &value);
-            let stored = WorkloadEntry::from_object_within(kind, &value, max_references)
-                .ok()
-                .flatten();
-            (TouchResult::Patched(stamp.map(str::to_owned)), stored)
+            return (
+                TouchResult::Patched(stamp.map(str::to_owned)),
+                entry(&value),
+            );
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => (TouchResult::Gone, None),
+        Err(kube::Error::Api(s)) if s.code == 404 => return (TouchResult::Gone, None),
         Err(e) => {
-            let error = redact::kube_error(&e);
-            let failed = TouchResult::Failed(match &e {
-                kube::Error::Api(s) if s.code == 403 => TouchError::Forbidden(error),
-                _ => TouchError::Other(error),
-            });
-            (failed, None)
+            let precondition_failed = match (&e, believed) {
+                (kube::Error::Api(s), Believed::Stamp(_)) => s.code == 422,
+                (kube::Error::Api(s), Believed::ResourceVersion(_)) => s.code == 409,
+                _ => false,
+            };
+            if !precondition_failed {
+                return (TouchResult::Failed(touch_error(&e)), None);
+            }
+            e
         }
+    };
+    match api.get_opt(&key.name).await {
+        Ok(None) => (TouchResult::Gone, None),
+        Ok(Some(obj)) => {
+            let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
+            let (stamp, _) = crate::core::workload::stamp_and_marker(kind, &value);
+            let holds = match believed {
+                Believed::Stamp(believed) => stamp == Some(believed.as_str()),
+                Believed::ResourceVersion(rv) => {
+                    obj.metadata.resource_version.as_deref() == Some(rv.as_str())
+                }
+            };
+            if holds {
+                (TouchResult::Failed(touch_error(&refused)), None)
+            } else {
+                (TouchResult::Stale, entry(&value))
+            }
+        }
+        Err(e) => (TouchResult::Failed(touch_error(&e)), None),
     }
 }
 

@@ -23,6 +23,7 @@ use crate::core::checksum::StampKey;
 use crate::core::refs::ObjectKind;
 use crate::core::rules::{self, Current, Trigger};
 use crate::core::workload::WorkloadKind;
+use crate::watcher::flap::{FlapGuard, Seen};
 use crate::watcher::index::{
     ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
 };
@@ -46,6 +47,9 @@ pub const TOUCH_FAILED_AFTER: u32 = 2;
 /// keeps an Event to count repeats (6 minutes), so each one is a new Event whose message has the
 /// error and retry delay of its time, not those of the first.
 pub const TOUCH_FAILED_EVERY: Duration = Duration::from_secs(600);
+/// The reason of the Warning Event on the dependents of a ConfigMap or Secret that flaps, once
+/// per episode.
+pub const CONFIG_FLAPPING_REASON: &str = "ConfigFlapping";
 /// The reason of the Normal Event a dry run (`--dry-run`) records instead of a touch.
 pub const WOULD_ROLL_REASON: &str = "WouldRoll";
 /// The touch outcome a dry run counts instead of a touch.
@@ -54,6 +58,11 @@ pub const WOULD_ROLL_OUTCOME: &str = "would-roll";
 /// not counted as bypassing the webhook: the webhook may not have been reachable yet (readiness,
 /// endpoints), and the clocks of the node and the API server may differ a little.
 pub const BYPASS_GRACE: Duration = Duration::from_secs(30);
+
+/// The default of `--flap-threshold`.
+pub const DEFAULT_FLAP_THRESHOLD: u32 = 5;
+/// The default of `--flap-period`.
+pub const DEFAULT_FLAP_PERIOD: Duration = Duration::from_secs(600);
 
 /// How the watcher behaves.
 #[derive(Debug, Clone)]
@@ -88,6 +97,11 @@ pub struct WatcherConfig {
     /// `--rollout-timeout`: a StatefulSet or DaemonSet whose rollout after a config change is not
     /// complete this long after its touch gets a `RolloutStalled` Event.
     pub rollout_timeout: Duration,
+    /// `--flap-threshold`: an object whose change windows open more often than this within
+    /// `flap_period` flaps ([`flap`](super::flap)).
+    pub flap_threshold: u32,
+    /// `--flap-period`.
+    pub flap_period: Duration,
 }
 
 impl Default for WatcherConfig {
@@ -106,6 +120,8 @@ impl Default for WatcherConfig {
             bypass_grace: Some(BYPASS_GRACE),
             dry_run: false,
             rollout_timeout: Duration::from_secs(600),
+            flap_threshold: DEFAULT_FLAP_THRESHOLD,
+            flap_period: DEFAULT_FLAP_PERIOD,
         }
     }
 }
@@ -130,6 +146,12 @@ pub enum Input {
     Key(Arc<StampKey>),
     /// A touch ([`Effect::Touch`]) ended.
     Touched(WorkloadKey, TouchResult),
+    /// The references of a workload were read afresh ([`Effect::Recheck`]): each object as a
+    /// consistent GET found it (`None`: NotFound), or why they could not be read.
+    Rechecked(
+        WorkloadKey,
+        Result<Vec<(ConfigKey, Option<StoredConfig>)>, TouchError>,
+    ),
     /// Nothing new: do what is due ([`State::next_wake`]).
     Wake,
 }
@@ -162,6 +184,10 @@ pub struct NamespaceSeen {
 pub enum TouchResult {
     /// The patch was applied: the stamp the stored workload carries afterwards.
     Patched(Option<String>),
+    /// Nothing was written: the workload no longer carried what the touch believed it carried
+    /// (its `test` or resourceVersion precondition failed). The workload as read afterwards has
+    /// been reported before this, so it is decided again on it.
+    Stale,
     /// The workload no longer exists.
     Gone,
     /// The patch failed.
@@ -179,9 +205,16 @@ pub enum TouchError {
 /// What the state machine asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Set the workload's stamp by a merge patch; report with [`Input::Touched`]. Never two in
-    /// flight for one workload.
+    /// Set the workload's stamp by a patch conditional on [`Touch::believed`]; report with
+    /// [`Input::Touched`]. Never two in flight for one workload.
     Touch(Touch),
+    /// Read these references of a workload with consistent GETs before replacing a stamp this
+    /// watcher did not write (the webhook may have computed it from newer config than the
+    /// watches have shown); report with [`Input::Rechecked`].
+    Recheck {
+        workload: WorkloadKey,
+        configs: Vec<ConfigKey>,
+    },
     /// Record a Kubernetes Event on a workload.
     Event(WorkloadEvent),
     /// List the ConfigMaps and Secrets of a namespace; report with [`Input::Config`] from
@@ -202,6 +235,18 @@ pub struct Touch {
     pub why: String,
     /// How many touches of the workload in a row did not take before this one.
     pub attempt: u32,
+    /// What the workload carries as far as the watcher knows: the patch writes only if it
+    /// still does.
+    pub believed: Believed,
+}
+
+/// The precondition of a touch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Believed {
+    /// The pod template carries this stamp: a JSON patch `test`s it before replacing it.
+    Stamp(String),
+    /// No stamp: the patch carries this resourceVersion, which the API server checks.
+    ResourceVersion(String),
 }
 
 /// A Kubernetes Event on a workload.
@@ -321,6 +366,8 @@ pub struct State {
     opted_in_workloads: HashMap<String, HashSet<WorkloadKey>>,
     window: ChangeWindow<ConfigKey>,
     window_seen: Option<Instant>,
+    /// Objects whose change windows open too often: their changes are held ([`flap`](super::flap)).
+    flaps: FlapGuard<ConfigKey>,
     pacer: Pacer<WorkloadKey>,
     pending: BTreeMap<WorkloadKey, Pending>,
     /// Workloads with a touch in flight. A touch can be held up for seconds (kube's client
@@ -352,6 +399,15 @@ pub struct State {
     /// start from it, so one change is recorded once however often it is decided on. Dropped
     /// with the workload.
     would_roll: HashMap<WorkloadKey, WouldRoll>,
+    /// The stamp this watcher's last touch of each workload set (the webhook confirmed it).
+    /// Replacing any other stamp is preceded by a [`Effect::Recheck`]: another stamp was
+    /// computed by the webhook, possibly from newer config than this watcher's copy.
+    written: HashMap<WorkloadKey, String>,
+    /// Workloads whose references are being read afresh; their pending touch waits.
+    rechecking: HashSet<WorkloadKey>,
+    /// Workloads whose references were just read afresh: their next decision may replace the
+    /// stamp without another read, and has already had its turn of the pacer.
+    rechecked: HashSet<WorkloadKey>,
 }
 
 impl State {
@@ -366,6 +422,7 @@ impl State {
         metrics.set_leader(false);
         State {
             window: ChangeWindow::new(config.debounce),
+            flaps: FlapGuard::new(config.flap_threshold, config.flap_period),
             pacer: Pacer::new(config.debounce, config.max_touches_per_second, TOUCH_BURST),
             config,
             key,
@@ -393,6 +450,9 @@ impl State {
             following: HashMap::new(),
             effects: Vec::new(),
             would_roll: HashMap::new(),
+            written: HashMap::new(),
+            rechecking: HashSet::new(),
+            rechecked: HashSet::new(),
         }
     }
 
@@ -420,10 +480,15 @@ impl State {
             .min();
         // The deadline of a followed rollout wakes it too.
         let pending = pending.into_iter().chain(self.next_follow_deadline()).min();
-        [self.window.closes_at(), pending, self.next_resync]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.window.closes_at(),
+            pending,
+            self.next_resync,
+            self.flaps.next_end(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Takes one input at `now`, does what is due by then, and says what to do.
@@ -445,6 +510,7 @@ impl State {
             Input::Leader(leader) => self.leadership(leader, now),
             Input::Key(key) => self.key = key,
             Input::Touched(key, result) => self.touched(key, result, now),
+            Input::Rechecked(key, result) => self.rechecked(key, result, now),
             Input::Wake => {}
         }
         self.tick(now);
@@ -770,6 +836,9 @@ impl State {
         self.pending.remove(key);
         self.backoff.remove(key);
         self.would_roll.remove(key);
+        self.written.remove(key);
+        self.rechecking.remove(key);
+        self.rechecked.remove(key);
         self.stop_following(key, "gone");
     }
 
@@ -899,8 +968,90 @@ impl State {
             return;
         }
         self.metrics.change_seen(key.1.kind.as_str());
+        match self.flaps.change(&key, now, !self.window.contains(&key)) {
+            Seen::Pass => {}
+            Seen::Tripped => self.flapping(&key),
+            Seen::Held => {
+                tracing::debug!(object = %key.1, namespace = key.0,
+                    "change of a flapping object held until its interval ends");
+                return;
+            }
+        }
         self.window_seen.get_or_insert(now);
         self.window.record(now, key);
+    }
+
+    /// An object started flapping: its dependents get a Warning Event, once per episode.
+    fn flapping(&mut self, key: &ConfigKey) {
+        self.metrics.set_config_flapping(self.flaps.flapping());
+        tracing::warn!(object = %key.1, namespace = key.0,
+            threshold = self.config.flap_threshold, period = ?self.config.flap_period,
+            "the object's content changes too often: its dependents roll at most once per interval");
+        if !self.leader {
+            return;
+        }
+        let note = format!(
+            "{} {} changed in more than {} change windows within {}: its changes now roll this \
+             workload at most once per interval (1 minute, doubling up to 15), always to its \
+             latest content, until a whole interval passes with no change",
+            key.1.kind.as_str(),
+            key.1.name,
+            self.config.flap_threshold,
+            format_delay(self.config.flap_period),
+        );
+        let dependents: Vec<WorkloadKey> = self.workloads.dependents(key).collect();
+        for workload in dependents {
+            let Some(entry) = self.workloads.get(&workload) else {
+                continue;
+            };
+            let uid = entry.uid.clone();
+            self.record(WorkloadEvent {
+                workload,
+                uid,
+                type_: EventType::Warning,
+                reason: CONFIG_FLAPPING_REASON,
+                action: "Restamp",
+                note: note.clone(),
+            });
+        }
+    }
+
+    /// Ends the flap guard's intervals due by `now`: the changes held during an interval are
+    /// handled now, as a window of their own that closed; objects quiet for a whole interval
+    /// stop flapping.
+    fn flap_intervals_due(&mut self, now: Instant) {
+        if self.flaps.next_end().is_none_or(|end| end > now) {
+            return;
+        }
+        let (released, lifted) = self.flaps.end_due(now);
+        for key in &lifted {
+            tracing::info!(object = %key.1, namespace = key.0,
+                "the object no longer flaps: its changes roll as usual");
+        }
+        self.metrics.set_config_flapping(self.flaps.flapping());
+        if !released.is_empty() {
+            self.window_closed(released.into_iter().collect(), None, now);
+        }
+    }
+
+    /// When a touch of `key` waits for the flap guard: its pending changes are all of objects
+    /// whose changes are held (none at all for a reconcile check) and it references such an
+    /// object, until the first of their intervals ends. A change of another reference is not
+    /// held.
+    fn held_until(&self, key: &WorkloadKey, pending: &Pending) -> Option<Instant> {
+        if pending
+            .changed
+            .iter()
+            .any(|changed| self.flaps.holds(changed).is_none())
+        {
+            return None;
+        }
+        let entry = self.workloads.get(key)?;
+        entry
+            .refs
+            .iter()
+            .filter_map(|(r, _)| self.flaps.holds(&(key.namespace.clone(), r.clone())))
+            .min()
     }
 
     /// Compares a namespace's workloads' stamps a window from now, by reconcile's rules: it
@@ -933,6 +1084,7 @@ impl State {
             let seen = self.window_seen.take();
             self.window_closed(changes, seen, now);
         }
+        self.flap_intervals_due(now);
         self.touch_due(now);
         self.follow_due(now);
         self.pacer.forget_old(now);
@@ -1001,6 +1153,7 @@ impl State {
 
     fn reconcile(&mut self, now: Instant) {
         self.next_resync = Some(now + self.config.resync);
+        self.flaps.forget_old(now);
         if !self.leader {
             return;
         }
@@ -1025,6 +1178,8 @@ impl State {
             // The leader does this; a replica that becomes leader reconciles, afresh.
             self.pending.clear();
             self.backoff.clear();
+            self.rechecking.clear();
+            self.rechecked.clear();
             return;
         }
         let due: Vec<WorkloadKey> = self
@@ -1034,11 +1189,21 @@ impl State {
             .map(|(k, _)| k.clone())
             .collect();
         for key in due {
-            if self.in_flight.contains_key(&key) {
-                // Parked until its touch in flight is done (`Input::Touched`).
+            if self.in_flight.contains_key(&key) || self.rechecking.contains(&key) {
+                // Parked until its touch or read in flight is done (`Input::Touched`,
+                // `Input::Rechecked`).
                 if let Some(p) = self.pending.get_mut(&key) {
                     p.due = None;
                 }
+                continue;
+            }
+            if let Some(until) = self
+                .pending
+                .get(&key)
+                .and_then(|p| self.held_until(&key, p))
+                && let Some(p) = self.pending.get_mut(&key)
+            {
+                p.due = Some(until);
                 continue;
             }
             // Recomputed now: the webhook or another change may already have set it.
@@ -1050,10 +1215,30 @@ impl State {
                 // Nothing to do any more, nor to back off from.
                 self.pending.remove(&key);
                 self.backoff.remove(&key);
+                self.rechecked.remove(&key);
                 continue;
             };
-            match self.pacer.allow(now, &key) {
+            // Just read afresh: decided on what was read, and that read took this touch's turn
+            // of the pacer already.
+            let fresh = self.rechecked.remove(&key);
+            let paced = if fresh {
+                Ok(())
+            } else {
+                self.pacer.allow(now, &key)
+            };
+            match paced {
                 Ok(()) => {
+                    if !fresh && let Some(configs) = self.needs_recheck(&key) {
+                        if let Some(p) = self.pending.get_mut(&key) {
+                            p.due = None;
+                        }
+                        self.rechecking.insert(key.clone());
+                        self.effects.push(Effect::Recheck {
+                            workload: key,
+                            configs,
+                        });
+                        continue;
+                    }
                     let Some(p) = self.pending.remove(&key) else {
                         continue;
                     };
@@ -1076,6 +1261,77 @@ impl State {
         }
     }
 
+    /// The references to read afresh before a touch of `key` that would replace a stamp this
+    /// watcher did not write (one the webhook computed, maybe from config newer than this
+    /// watcher's copy: its watches can lag behind a drop, a 429 or a relist); `None` when the
+    /// touch may go ahead: the stamp is its own, the workload has no stamp to replace, or no
+    /// references to read.
+    fn needs_recheck(&self, key: &WorkloadKey) -> Option<Vec<ConfigKey>> {
+        let entry = self.workloads.get(key)?;
+        let stamp = entry.stamp.as_ref()?;
+        if self.written.get(key) == Some(stamp) {
+            return None;
+        }
+        let configs: Vec<ConfigKey> = entry
+            .refs
+            .iter()
+            .map(|(r, _)| (key.namespace.clone(), r.clone()))
+            .collect();
+        (!configs.is_empty()).then_some(configs)
+    }
+
+    /// The references of a workload were read afresh: what was read goes into the store (an
+    /// object older than the one held is refused there), and the touch that waited is decided
+    /// again at once, on what is now known.
+    fn rechecked(
+        &mut self,
+        key: WorkloadKey,
+        result: Result<Vec<(ConfigKey, Option<StoredConfig>)>, TouchError>,
+        now: Instant,
+    ) {
+        let waited = self.rechecking.remove(&key);
+        match result {
+            Ok(configs) => {
+                for (config, stored) in configs {
+                    self.config(config, stored, now);
+                }
+                if waited && let Some(p) = self.pending.get_mut(&key) {
+                    self.rechecked.insert(key);
+                    p.due = Some(now);
+                }
+            }
+            Err(e) => {
+                if !waited {
+                    return;
+                }
+                let (TouchError::Forbidden(error) | TouchError::Other(error)) = &e;
+                tracing::warn!(workload = %key, error = %error,
+                    "cannot read the references afresh before a touch");
+                let what = match &e {
+                    TouchError::Forbidden(error) => format!(
+                        "reading its ConfigMaps and Secrets was refused ({error}): confighash's \
+                         RBAC must allow get on them"
+                    ),
+                    TouchError::Other(error) => {
+                        format!("reading its ConfigMaps and Secrets failed ({error})")
+                    }
+                };
+                let Some(entry) = self.workloads.get(&key) else {
+                    return;
+                };
+                let failed = InFlight {
+                    expected: String::new(),
+                    old: entry.stamp.clone(),
+                    uid: entry.uid.clone(),
+                    rolls_by_itself: entry.rolls_by_itself,
+                    pending: self.pending.remove(&key).unwrap_or_default(),
+                    watched: None,
+                };
+                self.retry(&key, failed, what, now);
+            }
+        }
+    }
+
     fn start_touch(&mut self, key: WorkloadKey, expected: String, pending: Pending) {
         if self.config.dry_run {
             return self.would_touch(key, expected, pending);
@@ -1088,11 +1344,16 @@ impl State {
         } else {
             changed_names(&pending.changed)
         };
+        let believed = match &entry.stamp {
+            Some(stamp) => Believed::Stamp(stamp.clone()),
+            None => Believed::ResourceVersion(entry.resource_version.clone()),
+        };
         self.effects.push(Effect::Touch(Touch {
             workload: key.clone(),
             stamp: expected.clone(),
             why,
             attempt: self.backoff.get(&key).map_or(0, |b| b.failures),
+            believed,
         }));
         let in_flight = InFlight {
             expected,
@@ -1117,6 +1378,9 @@ impl State {
             {
                 self.metrics.touch("touched");
                 self.backoff.remove(&key);
+                if stamp.as_deref() == Some(&touch.expected) {
+                    self.written.insert(key.clone(), touch.expected.clone());
+                }
                 tracing::info!(stamp = stamp.as_deref().unwrap_or(""), "touched");
                 self.record(config_changed(
                     &key,
@@ -1136,6 +1400,19 @@ impl State {
                             ConfigMaps and Secrets, or decided otherwise), so the pod template \
                             was not changed and its pods have not rolled";
                 self.retry(&key, touch, what.to_owned(), now);
+            }
+            TouchResult::Stale => {
+                // The workload changed since the watcher last saw it (a touch by another leader,
+                // a write the webhook stamped): nothing was written, no Event. The workload as
+                // it is now was reported before this result, and is decided again on it.
+                self.metrics.touch("stale");
+                tracing::info!(
+                    "the workload no longer carried what the touch expected; deciding again"
+                );
+                let p = self.pending.entry(key.clone()).or_default();
+                p.changed.extend(touch.pending.changed);
+                p.seen = p.seen.or(touch.pending.seen);
+                p.due = Some(now);
             }
             TouchResult::Gone => {
                 self.metrics.touch("gone");

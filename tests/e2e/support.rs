@@ -229,6 +229,8 @@ impl Env {
                 retry_base: watcher.retry_base,
                 bypass_grace: watcher.bypass_grace,
                 rollout_timeout: watcher.rollout_timeout,
+                flap_threshold: watcher.flap_threshold,
+                flap_period: watcher.flap_period,
             },
             identity: Some(watcher.identity.clone()),
             cert_poll: Duration::from_secs(60),
@@ -375,6 +377,13 @@ impl Env {
             exclusive: false,
             _dir: None,
         }
+    }
+
+    /// The real cluster's client configuration (None in the stand-in), for work that must run
+    /// outside the test's runtime, such as clean-up in `drop` (a [`kube::Client`] is bound to
+    /// the runtime that made it).
+    pub fn real_config(&self) -> Option<kube::Config> {
+        self.run.as_ref().map(|(_, config)| config.clone())
     }
 
     /// Whether this is the in-memory API server with confighash in-process, not a real cluster

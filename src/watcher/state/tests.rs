@@ -237,7 +237,31 @@ impl Test {
         self.t0 + Duration::from_secs_f64(seconds)
     }
 
+    /// Hands `input` to the state at `seconds`. A read afresh it asks for ([`Effect::Recheck`])
+    /// is answered at once from [`Test::cluster`], as the API server would, and what that
+    /// answer brings takes its place; [`Test::feed_raw`] shows the read itself.
     fn feed(&mut self, seconds: f64, input: Input) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for effect in self.feed_raw(seconds, input) {
+            match effect {
+                Effect::Recheck { workload, configs } => {
+                    let read = configs
+                        .into_iter()
+                        .map(|k| {
+                            let stored = self.cluster.get(&k).cloned();
+                            (k, stored)
+                        })
+                        .collect();
+                    effects.extend(self.feed(seconds, Input::Rechecked(workload, Ok(read))));
+                }
+                other => effects.push(other),
+            }
+        }
+        effects
+    }
+
+    /// Hands `input` to the state at `seconds`, and returns what it asks for as it is.
+    fn feed_raw(&mut self, seconds: f64, input: Input) -> Vec<Effect> {
         let now = self.at(seconds);
         self.state.handle(input, now)
     }
@@ -380,6 +404,10 @@ fn touch(w: &W, stamp: &str, why: &str, attempt: u32) -> Effect {
         stamp: stamp.to_owned(),
         why: why.to_owned(),
         attempt,
+        believed: match &w.stamp {
+            Some(stamp) => Believed::Stamp(stamp.clone()),
+            None => Believed::ResourceVersion("1".to_owned()),
+        },
     })
 }
 
@@ -584,8 +612,7 @@ fn a_burst_across_many_workloads_is_paced_by_the_token_bucket() {
         let next = t.next_wake().unwrap();
         assert!((next - last - 0.5).abs() < 1e-3, "{next} after {last}");
         last = next;
-        let now = t.state.next_wake().unwrap();
-        assert_eq!(t.state.handle(Input::Wake, now), [touch(w, &stamp, why, 0)]);
+        assert_eq!(t.wake(next), [touch(w, &stamp, why, 0)]);
     }
     assert_eq!(t.next_wake(), Some(600.0));
 }
@@ -2695,3 +2722,4 @@ fn a_namespace_terminating_mid_rollout_lets_go_without_an_event() {
 }
 
 mod dry_run;
+mod races;

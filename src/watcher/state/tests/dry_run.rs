@@ -222,8 +222,7 @@ fn a_burst_is_paced_as_its_touches_would_be() {
         let next = t.next_wake().unwrap();
         assert!((next - last - 0.5).abs() < 1e-3, "{next} after {last}");
         last = next;
-        let now = t.state.next_wake().unwrap();
-        assert_eq!(t.state.handle(Input::Wake, now), [would_roll(w, why)]);
+        assert_eq!(t.wake(next), [would_roll(w, why)]);
     }
     assert_eq!(t.next_wake(), Some(600.0));
     assert_eq!(t.wake(600.0), []);
