@@ -2722,4 +2722,5 @@ fn a_namespace_terminating_mid_rollout_lets_go_without_an_event() {
 }
 
 mod dry_run;
+mod flap;
 mod races;
