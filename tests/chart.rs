@@ -269,6 +269,8 @@ watcher:
   resync: 1h30m
   maxTouchesPerSecond: 2.5
   rolloutTimeout: 15m
+  flapThreshold: 8
+  flapPeriod: 20m
   rollOnDelete: true
   stampExisting: true
 log:
@@ -1125,6 +1127,7 @@ fn the_monitoring_kit_uses_exported_metrics() {
             "ConfighashWebhookErrors",
             "ConfighashWebhookBypassed",
             "ConfighashRolloutsStalled",
+            "ConfighashConfigFlapping",
         ])
     );
     let dashboard: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
