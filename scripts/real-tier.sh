@@ -35,8 +35,10 @@ ADMIN_PORT=$((BASE + 11))
 NAMESPACE=confighash
 RELEASE=confighash
 CERT_MANAGER_VERSION=v1.16.5
-# The e2e scenarios' change window (tests/e2e/support.rs WINDOW).
+# The e2e scenarios' change window (tests/e2e/support.rs WINDOW), and a flap threshold no
+# barrier reaches (FLAP_THRESHOLD there): a barrier changes its ConfigMap many times a minute.
 DEBOUNCE=400ms
+FLAP_THRESHOLD=10000
 
 say() { echo "real-tier.sh: $*" >&2; }
 fail() {
@@ -124,7 +126,8 @@ apply_dry single-node --set replicaCount=1 --set podDisruptionBudget.enabled=fal
 apply_dry cert-manager --set certificates.mode=certManager
 
 render --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT/mutate" \
-    --set "watcher.debounce=$DEBOUNCE" --set log.format=text >"$STATE/chart-install.yaml"
+    --set "watcher.debounce=$DEBOUNCE" --set "watcher.flapThreshold=$FLAP_THRESHOLD" \
+    --set log.format=text >"$STATE/chart-install.yaml"
 "${KUBECTL[@]}" apply --server-side --field-manager helm -f "$STATE/chart-install.yaml" >/dev/null ||
     fail "the chart does not apply"
 phase "chart applied"

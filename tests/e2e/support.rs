@@ -42,6 +42,8 @@ pub const STAMP: &str = "confighash.dev/checksum";
 /// The change window the scenarios run with (the default is 5 s; ratios are what matter).
 pub const WINDOW: Duration = Duration::from_millis(400);
 pub const DEADLINE: Duration = Duration::from_secs(20);
+/// The scenarios' `--flap-threshold`: high enough that no barrier ever flaps.
+pub const FLAP_THRESHOLD: u32 = 10_000;
 /// On a real cluster, the label of every namespace a test creates; its value is the suffix of
 /// their names ([`Env::ns`]).
 pub const RUN_LABEL: &str = "confighash-e2e-run";
@@ -144,6 +146,10 @@ impl Default for Setup {
                 resync: Duration::from_secs(3600),
                 retry_base: Duration::from_millis(100),
                 kind_recheck: Duration::from_millis(500),
+                // A barrier changes its ConfigMap at every call, many times a minute: the flap
+                // guard would hold it. The scenarios of the guard set their own threshold; the
+                // real tier installs confighash with this one (scripts/real-tier.sh).
+                flap_threshold: FLAP_THRESHOLD,
                 ..Default::default()
             },
             start_watcher: true,
