@@ -934,7 +934,9 @@ impl Env {
             .append(true)
             .open(path)
             .unwrap();
-        writeln!(file, "{line}").unwrap();
+        // One write of the whole line: scenarios run in parallel, and appends of one write each
+        // do not interleave, where `writeln!`'s several writes would.
+        file.write_all(format!("{line}\n").as_bytes()).unwrap();
     }
 
     /// Whether confighash's writes are counted here: always in the stand-in, with the audit log
