@@ -10,6 +10,7 @@ mod support;
 
 use std::time::Duration;
 
+use confighash::cluster::get::LOOKUP_USER_AGENT;
 use confighash::core::checksum::StampKey;
 use confighash::watcher::WatcherConfig;
 use confighash::watcher::leader::Leadership;
@@ -152,7 +153,8 @@ async fn a_lookup_failure_at_create_is_marked_and_reconcile_resolves_it() {
     env.barrier(NS).await;
 
     // The webhook's one lookup (a get of `app-env`) fails.
-    env.api().fail_next(Some("get"), Some("configmaps"), 1, 500);
+    env.api()
+        .fail_next_from(LOOKUP_USER_AGENT, Some("get"), Some("configmaps"), 1, 500);
     env.deployment(NS, "web", &[("envFrom", "app-env")]).await;
     assert_eq!(
         marker(&env, "web").await.as_deref(),
@@ -400,7 +402,8 @@ async fn a_stamp_kept_by_the_webhook_is_retried_until_it_lands() {
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
         .await;
     // The webhook's lookups fail for the first touches: it keeps the old stamp.
-    env.api().fail_next(Some("get"), Some("configmaps"), 3, 500);
+    env.api()
+        .fail_next_from(LOOKUP_USER_AGENT, Some("get"), Some("configmaps"), 3, 500);
     env.wait_rollouts(NS, "Deployment", "web", 1).await;
     let stamp = env.stamp(NS, "Deployment", "web").await;
     assert_ne!(stamp, before);
@@ -539,7 +542,8 @@ async fn a_change_kept_by_the_webhook_on_a_foreign_stamp_lands_on_retry() {
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
         .await;
     // The first touch's lookup in the webhook fails: it keeps the foreign stamp.
-    env.api().fail_next(Some("get"), Some("configmaps"), 1, 500);
+    env.api()
+        .fail_next_from(LOOKUP_USER_AGENT, Some("get"), Some("configmaps"), 1, 500);
     let rolled = rollouts_within(&env, "web", 1, Duration::from_secs(5)).await;
     assert!(env.metrics.touches("kept-by-webhook") >= 1);
     assert_eq!(rolled, 1, "the retried touch lands");
@@ -564,7 +568,8 @@ async fn the_event_of_a_retried_touch_names_the_config_map() {
     shop(&env).await;
     env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
         .await;
-    env.api().fail_next(Some("get"), Some("configmaps"), 2, 500);
+    env.api()
+        .fail_next_from(LOOKUP_USER_AGENT, Some("get"), Some("configmaps"), 2, 500);
     env.wait_rollouts(NS, "Deployment", "web", 1).await;
     assert!(env.metrics.touches("kept-by-webhook") >= 1);
     env.eventually("an Event on web", || async {

@@ -11,6 +11,7 @@ mod support;
 
 use std::time::Duration;
 
+use confighash::cluster::get::LOOKUP_USER_AGENT;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, Patch, PatchParams};
@@ -70,10 +71,11 @@ async fn touches_the_webhook_turns_back_follow_the_backoff_then_the_workload_rol
     assert_eq!(env.rollouts(NS, "Deployment", "web").await, 0);
     let patches_before = deployment_patches(&env);
 
-    // From now on every read of a ConfigMap fails: only the webhook reads them one by one (the
-    // watcher lists and watches), so it keeps the old stamp of every touch.
+    // From now on every read of a ConfigMap by the webhook fails (its lookups send their own
+    // User-Agent; the watcher's reads before a touch still succeed), so it keeps the old stamp
+    // of every touch.
     env.api()
-        .fail_fraction(Some("get"), Some("configmaps"), 1.0, 500);
+        .fail_fraction_from(LOOKUP_USER_AGENT, Some("get"), Some("configmaps"), 1.0, 500);
     let changed = tokio::time::Instant::now();
     // Written without reading it first.
     Api::<ConfigMap>::namespaced(env.client.clone(), &env.ns(NS))

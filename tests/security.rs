@@ -437,7 +437,13 @@ async fn logs_events_and_metrics_never_carry_secret_values() {
     // the touch is retried and lands.
     env.secret("vault", "db", &[("password", "second-password-9913")])
         .await;
-    env.api().fail_next(Some("get"), Some("secrets"), 1, 500);
+    env.api().fail_next_from(
+        confighash::cluster::get::LOOKUP_USER_AGENT,
+        Some("get"),
+        Some("secrets"),
+        1,
+        500,
+    );
     env.wait_rollouts("vault", "Deployment", "web", 1).await;
     env.barrier("vault").await;
 

@@ -30,7 +30,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
-use http::header::{ACCEPT, HOST};
+use http::header::{ACCEPT, HOST, USER_AGENT};
 use http::{HeaderValue, Request, Response, Uri};
 use http_body_util::Empty;
 use hyper::body::{Body, Bytes, Frame, Incoming, SizeHint};
@@ -45,6 +45,10 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 /// idle as it allows means a burst after a lull opens no new connection (closing and opening
 /// them under load cost both sides CPU when it was scarcest).
 pub const MAX_IDLE_CONNECTIONS: usize = 128;
+
+/// The User-Agent of the webhook's lookups: the API server's audit log (and its field manager
+/// default, though lookups write nothing) tells them from the watcher's requests.
+pub const LOOKUP_USER_AGENT: &str = concat!("confighash-webhook/", env!("CARGO_PKG_VERSION"));
 
 /// What a GET failed with: transport and credential errors. They carry no answer body.
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +211,7 @@ impl Getter {
             Inner::Client(client) => {
                 let mut request = Request::get(path)
                     .header(ACCEPT, "application/json")
+                    .header(USER_AGENT, LOOKUP_USER_AGENT)
                     .body(kube::client::Body::empty())
                     .map_err(|_| GetError::Path(path.to_owned()))?;
                 // The caller reads the body, bounded, and never quotes it: the sanitizing layer
@@ -245,6 +250,7 @@ impl Direct {
         let headers = request.headers_mut();
         headers.insert(HOST, self.host.clone());
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        headers.insert(USER_AGENT, HeaderValue::from_static(LOOKUP_USER_AGENT));
         let request = self
             .prepare
             .clone()

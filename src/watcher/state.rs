@@ -1381,7 +1381,12 @@ impl State {
                 if stamp.as_deref() == Some(&touch.expected) {
                     self.written.insert(key.clone(), touch.expected.clone());
                 }
-                tracing::info!(stamp = stamp.as_deref().unwrap_or(""), "touched");
+                tracing::info!(
+                    stamp = stamp.as_deref().unwrap_or(""),
+                    sent = %touch.expected,
+                    replaced = touch.old.as_deref().unwrap_or(""),
+                    "touched"
+                );
                 self.record(config_changed(
                     &key,
                     &touch.uid,

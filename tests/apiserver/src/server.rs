@@ -69,6 +69,8 @@ impl Default for Options {
 /// matching request with that probability, without end.
 #[derive(Debug, Clone)]
 struct Fault {
+    /// Only requests whose User-Agent starts with this (None: any).
+    user_agent: Option<String>,
     verb: Option<String>,
     resource: Option<String>,
     remaining: u32,
@@ -244,6 +246,27 @@ impl ApiServer {
     /// any) with `status` (500 or 429, which gets `Retry-After: 1`).
     pub fn fail_next(&self, verb: Option<&str>, resource: Option<&str>, count: u32, status: u16) {
         lock(&self.shared.faults).active.push(Fault {
+            user_agent: None,
+            verb: verb.map(str::to_owned),
+            resource: resource.map(str::to_owned),
+            remaining: count,
+            fraction: None,
+            status,
+        });
+    }
+
+    /// As [`ApiServer::fail_next`], for requests whose User-Agent starts with `user_agent` only
+    /// (the webhook's lookups send their own, the watcher's requests none).
+    pub fn fail_next_from(
+        &self,
+        user_agent: &str,
+        verb: Option<&str>,
+        resource: Option<&str>,
+        count: u32,
+        status: u16,
+    ) {
+        lock(&self.shared.faults).active.push(Fault {
+            user_agent: Some(user_agent.to_owned()),
             verb: verb.map(str::to_owned),
             resource: resource.map(str::to_owned),
             remaining: count,
@@ -264,6 +287,27 @@ impl ApiServer {
         status: u16,
     ) {
         lock(&self.shared.faults).active.push(Fault {
+            user_agent: None,
+            verb: verb.map(str::to_owned),
+            resource: resource.map(str::to_owned),
+            remaining: 0,
+            fraction: Some(fraction.clamp(0.0, 1.0)),
+            status,
+        });
+    }
+
+    /// As [`ApiServer::fail_fraction`], for requests whose User-Agent starts with `user_agent`
+    /// only.
+    pub fn fail_fraction_from(
+        &self,
+        user_agent: &str,
+        verb: Option<&str>,
+        resource: Option<&str>,
+        fraction: f64,
+        status: u16,
+    ) {
+        lock(&self.shared.faults).active.push(Fault {
+            user_agent: Some(user_agent.to_owned()),
             verb: verb.map(str::to_owned),
             resource: resource.map(str::to_owned),
             remaining: 0,
@@ -638,6 +682,10 @@ async fn serve(shared: &Arc<Shared>, req: Request) -> ApiResult {
     )?;
     inject_fault(
         shared,
+        parts
+            .headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
         verb,
         &requested,
         namespace.as_deref(),
@@ -815,6 +863,7 @@ fn authorize(
 
 fn inject_fault(
     shared: &Shared,
+    user_agent: Option<&str>,
     verb: &str,
     plural: &str,
     namespace: Option<&str>,
@@ -827,7 +876,10 @@ fn inject_fault(
         injected,
     } = &mut *faults;
     let hit = active.iter_mut().find(|f| {
-        f.verb.as_deref().is_none_or(|v| v == verb)
+        f.user_agent
+            .as_deref()
+            .is_none_or(|a| user_agent.is_some_and(|u| u.starts_with(a)))
+            && f.verb.as_deref().is_none_or(|v| v == verb)
             && f.resource.as_deref().is_none_or(|r| r == plural)
             && match f.fraction {
                 None => f.remaining > 0,
