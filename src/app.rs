@@ -204,7 +204,7 @@ impl Default for Config {
             client_ca_file: None,
             max_connections: crate::webhook::server::DEFAULT_MAX_CONNECTIONS,
             lookup_deadline: admission::DEFAULT_LOOKUP_DEADLINE,
-            max_references: admission::DEFAULT_MAX_REFERENCES,
+            max_references: crate::core::names::DEFAULT_MAX_REFERENCES,
             exclude_namespaces: Vec::new(),
             rules: crate::core::rules::Options::default(),
             watcher: WatcherSettings::default(),
@@ -501,7 +501,7 @@ impl App {
             identity: identity(config),
             max_references: config.max_references,
             excluded_namespaces: excluded_namespaces(config, namespace)
-                .chain([admission::KUBE_SYSTEM.to_owned()])
+                .chain([crate::core::names::KUBE_SYSTEM.to_owned()])
                 .collect(),
             dry_run: config.dry_run,
         }

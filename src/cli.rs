@@ -237,7 +237,7 @@ pub struct ServeArgs {
     pub lookup_deadline: Duration,
     /// Distinct ConfigMaps and Secrets a workload may reference. Over it nothing is read and the
     /// workload is marked `confighash.dev/unstamped: too-many-references` (never retried).
-    #[arg(long, env = "CONFIGHASH_MAX_REFERENCES", value_name = "N", default_value_t = crate::webhook::admission::DEFAULT_MAX_REFERENCES, value_parser = parse_max_references)]
+    #[arg(long, env = "CONFIGHASH_MAX_REFERENCES", value_name = "N", default_value_t = crate::core::names::DEFAULT_MAX_REFERENCES, value_parser = parse_max_references)]
     pub max_references: usize,
     /// Namespaces whose objects the webhook never reads and the watcher never touches, besides
     /// `kube-system` and confighash's own (comma separated; the webhook configuration should

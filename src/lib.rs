@@ -20,6 +20,7 @@ pub mod app;
 pub mod certs;
 pub mod cli;
 pub mod cluster;
+pub mod contracts;
 pub mod core;
 pub mod explain;
 pub mod offline;

@@ -977,13 +977,14 @@ async fn a_dry_run_allows_every_review_without_a_patch_and_counts_what_it_withhe
             == "confighash_webhook_dry_run_total{kind=\"CronJob\",operation=\"UPDATE\",outcome=\"stamped\"} 0"),
         "every series exists from the start in a dry run"
     );
-    // Without a dry run the family has no series.
+    // Without a dry run every series is exported too, at 0: the dashboard's panel and any
+    // alert on it show 0, not "no data", on a normal install.
     let plain = harness::webhook(std::sync::Arc::new(harness::NoObjects), KEY);
-    assert!(
-        !plain
-            .metrics()
-            .encode()
-            .lines()
-            .any(|l| l.starts_with("confighash_webhook_dry_run_total{")),
-    );
+    let text = plain.metrics().encode();
+    let series: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("confighash_webhook_dry_run_total{"))
+        .collect();
+    assert!(!series.is_empty(), "{text}");
+    assert!(series.iter().all(|l| l.ends_with(" 0")), "{series:?}");
 }

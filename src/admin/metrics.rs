@@ -44,6 +44,8 @@ struct BuildLabels {
 pub const REQUEST_FAILURE_OUTCOMES: [&str; 3] = ["bad-request", "busy", "timeout"];
 /// Outcomes of reads of referenced objects.
 pub const LOOKUP_OUTCOMES: [&str; 4] = ["found", "absent", "error", "deadline"];
+/// The review outcome counted when a workload references more than `--max-references` objects.
+pub const TOO_MANY_REFERENCES_OUTCOME: &str = "too-many-references";
 /// Outcomes of workload touches. `stale`: the workload no longer carried what the touch
 /// expected to replace (the PATCH's `test` or resourceVersion precondition failed), so nothing
 /// was written and it was decided again.
@@ -71,7 +73,7 @@ fn request_label_sets() -> Vec<RequestLabels> {
             let outcomes = Outcome::ALL
                 .iter()
                 .map(|o| o.as_str())
-                .chain([crate::webhook::admission::TOO_MANY_REFERENCES_OUTCOME]);
+                .chain([TOO_MANY_REFERENCES_OUTCOME]);
             for outcome in outcomes {
                 sets.push(RequestLabels {
                     kind: kind.kind(),
@@ -348,7 +350,7 @@ impl Metrics {
         for outcome in ROLLOUT_OUTCOMES {
             let _ = rollouts.get_or_create(&OutcomeLabels { outcome });
         }
-        Metrics {
+        let metrics = Metrics {
             registry,
             bypassed,
             touches_pending,
@@ -375,7 +377,9 @@ impl Metrics {
             cert_reload_failures,
             cert_expiry,
             dry_run,
-        }
+        };
+        metrics.prepare_dry_run();
+        metrics
     }
 
     /// Counts one admission review.
@@ -524,8 +528,8 @@ impl Metrics {
         (count(&self.touches_pending), count(&self.touches_in_flight))
     }
 
-    /// Creates every series of `confighash_webhook_dry_run_total` at 0 (they exist only in a dry
-    /// run).
+    /// Creates every series of `confighash_webhook_dry_run_total` at 0. [`Metrics::new`] does,
+    /// in every mode, so that dashboards and alerts see 0 rather than no data.
     pub fn prepare_dry_run(&self) {
         for labels in dry_run_label_sets() {
             let _ = self.dry_run.get_or_create(&labels);

@@ -3,6 +3,9 @@
 //!
 //! Must not reach: the API server. Metrics carry counts and names of outcomes, never object
 //! names from a review or any config content.
+//!
+//! As paths, checked by [`crate::contracts`]: no `crate::app`, `crate::certs`, `crate::cli`,
+//! `crate::cluster`, `crate::explain`, `crate::offline`, `crate::watcher`, `crate::webhook`.
 
 pub mod health;
 pub mod metrics;

@@ -1,8 +1,7 @@
 //! GETs of single objects by path, for the webhook's lookups: the API server's answer as it
 //! comes, on connections the asking task drives itself.
 //!
-//! A review reads up to [`MAX_CONCURRENT_READS`](crate::webhook::lookup::MAX_CONCURRENT_READS)
-//! objects by name, and the answer's body is read by the caller within the review memory budget
+//! A review reads up to 16 objects at once by name (the webhook's `MAX_CONCURRENT_READS`), and the answer's body is read by the caller within the review memory budget
 //! and never quoted. Through `kube::Client`, each GET would also cross a buffer to a worker task,
 //! open a tracing span, pass a retry policy and the sanitizing layer (whose work on a body the
 //! caller reads is nothing), and go through hyper's pooled client, which runs every connection in

@@ -5,6 +5,9 @@
 //!
 //! Must not reach: confighash's own logic. Nothing here may put the content of an object it read
 //! into an error or a log line.
+//!
+//! As paths, checked by [`crate::contracts`]: no `crate::admin`, `crate::app`, `crate::certs`,
+//! `crate::cli`, `crate::explain`, `crate::offline`, `crate::watcher`, `crate::webhook`.
 
 pub mod client;
 pub mod get;

@@ -7,16 +7,7 @@
 
 use std::fmt::Write;
 
-/// A JSON decoding error: its category and position only.
-pub fn json_error(e: &serde_json::Error) -> String {
-    let what = match e.classify() {
-        serde_json::error::Category::Io => "could not be read",
-        serde_json::error::Category::Syntax => "is not valid JSON",
-        serde_json::error::Category::Data => "has a field of the wrong type or value",
-        serde_json::error::Category::Eof => "ends early",
-    };
-    format!("the JSON {what} (line {}, column {})", e.line(), e.column())
-}
+pub use crate::core::json::error_text as json_error;
 
 /// A Kubernetes client error without anything the API server sent but its status code and a
 /// reason Kubernetes defines.

@@ -4,10 +4,16 @@
 //!
 //! Must not reach: a Kubernetes client, the network, the file system, a clock or a task runtime.
 //! Everything here is a function of its arguments and is tested without a cluster.
+//!
+//! As paths, checked by [`crate::contracts`]: no `crate::admin`, `crate::app`, `crate::certs`,
+//! `crate::cli`, `crate::cluster`, `crate::explain`, `crate::offline`, `crate::watcher`,
+//! `crate::webhook`.
 
 pub mod checksum;
+pub mod json;
 pub mod names;
 pub mod patch;
+pub mod record;
 pub mod refs;
 pub mod rules;
 pub mod workload;

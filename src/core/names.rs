@@ -28,3 +28,25 @@ pub const FIELD_MANAGER: &str = "confighash";
 pub const RESTARTED_AT_ANNOTATION: &str = "kubectl.kubernetes.io/restartedAt";
 /// Label put on a Secret confighash creates.
 pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "confighash");
+/// The namespace whose objects confighash never reads or touches, whatever a review says.
+pub const KUBE_SYSTEM: &str = "kube-system";
+/// The default of `--max-references`: the most distinct ConfigMaps and Secrets one workload may
+/// reference before it is left unstamped (`too-many-references`).
+pub const DEFAULT_MAX_REFERENCES: usize = 256;
+
+// The reasons of the Events confighash records on workloads (the contract's Events table).
+/// The reason of the Warning Event on a workload over `--max-references`.
+pub const TOO_MANY_REFERENCES_REASON: &str = "TooManyReferences";
+/// The reason of the Event on a workload whose pod template was re-stamped.
+pub const CONFIG_CHANGED_REASON: &str = "ConfigChanged";
+/// The reason of the Warning Event on a workload whose touch keeps failing.
+pub const TOUCH_FAILED_REASON: &str = "TouchFailed";
+/// The reason of the Warning Event on the dependents of a ConfigMap or Secret that flaps, once
+/// per episode.
+pub const CONFIG_FLAPPING_REASON: &str = "ConfigFlapping";
+/// The reason of the Normal Event a dry run (`--dry-run`) records instead of a touch.
+pub const WOULD_ROLL_REASON: &str = "WouldRoll";
+/// The reason of the Event on a workload whose rollout after a config change completed.
+pub const ROLLOUT_COMPLETE_REASON: &str = "RolloutComplete";
+/// The reason of the Warning Event on a workload whose rollout after a config change stalled.
+pub const ROLLOUT_STALLED_REASON: &str = "RolloutStalled";

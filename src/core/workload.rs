@@ -93,7 +93,7 @@ pub enum WorkloadError {
     },
     #[error("{kind} has no pod template at .{path}")]
     NoTemplate { kind: WorkloadKind, path: String },
-    #[error("the pod spec is not valid: {}", crate::cluster::redact::json_error(.0))]
+    #[error("the pod spec is not valid: {}", crate::core::json::error_text(.0))]
     PodSpec(#[source] serde_json::Error),
 }
 

@@ -19,11 +19,11 @@ use crate::certs::key::SECRET_DATA_KEY;
 use crate::cluster::redact::kube_error;
 use crate::core::checksum::StampKey;
 use crate::core::names::ENABLED_LABEL;
+use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef};
 use crate::core::workload::WorkloadKind;
 use crate::explain::model::{self, KeyFacts, KeySource, Read, RefObject};
 use crate::explain::select;
-use crate::webhook::lookup::ObjectEntry;
 
 /// Objects asked for per page of a list.
 const PAGE: u32 = 250;
@@ -178,7 +178,7 @@ impl Cluster {
             ObjectKind::ConfigMap => {
                 let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
                 match read(api.get(&object.name).await) {
-                    Read::Found(cm) => match ObjectEntry::config_map(&cm) {
+                    Read::Found(cm) => match ObjectRecord::config_map(&cm) {
                         Ok(entry) => Read::Found(RefObject {
                             entry,
                             resource_version: cm.metadata.resource_version.clone(),
@@ -197,7 +197,7 @@ impl Cluster {
                 let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
                 match read(api.get(&object.name).await) {
                     Read::Found(secret) => Read::Found(RefObject {
-                        entry: ObjectEntry::secret(&secret),
+                        entry: ObjectRecord::secret(&secret),
                         resource_version: secret.metadata.resource_version.clone(),
                         field_managers: crate::explain::observed::field_managers(
                             secret.metadata.managed_fields.as_deref(),

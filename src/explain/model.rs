@@ -13,20 +13,20 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::core::checksum::{RefState, StampKey};
+use crate::core::names::KUBE_SYSTEM;
 use crate::core::names::{
     ENABLED_LABEL, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES,
 };
+use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectRef, Selection};
 use crate::core::rules::{self, Current, Lookup, Outcome, Trigger};
 use crate::core::workload::{self, Analysis, WorkloadKind};
 use crate::explain::observed::{self, EventInfo, FieldManager, RolloutInfo};
 use crate::explain::select::{self, EntryMatch, NAMESPACE_NAME_LABEL, Subject};
-use crate::webhook::admission::KUBE_SYSTEM;
-use crate::webhook::lookup::ObjectEntry;
 
 /// The most references read for one workload: `serve`'s default `--max-references`. A workload
 /// naming more is marked by the webhook and never stamped.
-pub const MAX_REFERENCES_READ: usize = crate::webhook::admission::DEFAULT_MAX_REFERENCES;
+pub const MAX_REFERENCES_READ: usize = crate::core::names::DEFAULT_MAX_REFERENCES;
 
 /// What reading one object gave.
 #[derive(Debug, Clone)]
@@ -69,7 +69,7 @@ impl<T> Read<T> {
 #[derive(Debug, Clone)]
 pub struct RefObject {
     /// Per-key digests (or ignored), exactly as the webhook computes them.
-    pub entry: ObjectEntry,
+    pub entry: ObjectRecord,
     pub resource_version: Option<String>,
     /// From `metadata.managedFields`.
     pub field_managers: Vec<FieldManager>,
@@ -425,8 +425,7 @@ struct Refs<'a>(&'a BTreeMap<ObjectRef, Read<RefObject>>);
 impl rules::View for Refs<'_> {
     fn state(&self, object: &ObjectRef) -> RefState<'_> {
         match self.0.get(object) {
-            Some(Read::Found(o)) if o.entry.ignored => RefState::Ignored,
-            Some(Read::Found(o)) => RefState::Present(&o.entry.digest),
+            Some(Read::Found(o)) => crate::core::record::state_of(Some(&o.entry)),
             _ => RefState::Absent,
         }
     }

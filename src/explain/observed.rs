@@ -15,12 +15,12 @@ use crate::core::workload::WorkloadKind;
 pub const MAX_EVENTS: usize = 5;
 /// The reasons of the Events confighash records on workloads.
 pub const EVENT_REASONS: [&str; 6] = [
-    crate::watcher::state::CONFIG_CHANGED_REASON,
-    crate::watcher::state::TOUCH_FAILED_REASON,
-    crate::watcher::state::TOO_MANY_REFERENCES_REASON,
-    crate::watcher::state::WOULD_ROLL_REASON,
-    crate::watcher::state::ROLLOUT_COMPLETE_REASON,
-    crate::watcher::state::ROLLOUT_STALLED_REASON,
+    crate::core::names::CONFIG_CHANGED_REASON,
+    crate::core::names::TOUCH_FAILED_REASON,
+    crate::core::names::TOO_MANY_REFERENCES_REASON,
+    crate::core::names::WOULD_ROLL_REASON,
+    crate::core::names::ROLLOUT_COMPLETE_REASON,
+    crate::core::names::ROLLOUT_STALLED_REASON,
 ];
 
 /// One entry of `metadata.managedFields`.

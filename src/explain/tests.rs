@@ -12,9 +12,9 @@ use super::observed;
 use super::render;
 use super::{WorkloadArg, parse_kind, parse_workload};
 use crate::core::checksum::{self, StampKey};
+use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use crate::core::workload::WorkloadKind;
-use crate::webhook::lookup::ObjectEntry;
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 const OTHER_KEY: &[u8] = b"fedcba9876543210fedcba9876543210";
@@ -68,7 +68,7 @@ fn config_map(data: &[(&str, &str)], annotations: &[(&str, &str)]) -> RefObject 
     }))
     .unwrap();
     RefObject {
-        entry: ObjectEntry::config_map(&cm).unwrap(),
+        entry: ObjectRecord::config_map(&cm).unwrap(),
         resource_version: cm.metadata.resource_version.clone(),
         field_managers: observed::field_managers(cm.metadata.managed_fields.as_deref()),
     }
@@ -81,7 +81,7 @@ fn secret(value: &str) -> RefObject {
     }))
     .unwrap();
     RefObject {
-        entry: ObjectEntry::secret(&s),
+        entry: ObjectRecord::secret(&s),
         resource_version: s.metadata.resource_version.clone(),
         field_managers: Vec::new(),
     }

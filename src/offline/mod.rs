@@ -4,6 +4,12 @@
 //! in the same namespace. Documents are written back in order; those it does not change are copied
 //! byte for byte. Stamps made here are for inspection and render pipelines: a cluster's webhook
 //! stamps with its own key.
+//!
+//! Must not reach: the API server, the network, or the running webhook's and watcher's state:
+//! it reads files and writes its output.
+//!
+//! As paths, checked by [`crate::contracts`]: no `crate::admin`, `crate::app`, `crate::certs`,
+//! `crate::cluster`, `crate::explain`, `crate::watcher`, `crate::webhook`.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -12,9 +18,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::core::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
+use crate::core::checksum::{self, ObjectView, RefState, StampKey};
 use crate::core::names::ENABLED_LABEL;
 use crate::core::patch;
+use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use crate::core::rules;
 use crate::core::workload::{self, Analysis, WorkloadKind};
@@ -81,8 +88,7 @@ struct Place {
 
 struct Config {
     place: Place,
-    ignored: bool,
-    digest: ObjectDigest,
+    record: ObjectRecord,
 }
 
 /// Stamps every supported workload of `sources`.
@@ -117,7 +123,7 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
     let mut configs: HashMap<(String, ObjectRef), Config> = HashMap::new();
     for &place in &places {
         let obj = object(&docs, place);
-        let Some((kind, name, ignored, digest)) =
+        let Some((kind, name, record)) =
             read_config(&obj).map_err(|m| error(sources, &docs[place.doc], m))?
         else {
             continue;
@@ -125,11 +131,7 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         let ns = required_namespace(&obj, options, kind.as_str(), &name)
             .map_err(|m| error(sources, &docs[place.doc], m))?;
         let key = (ns.clone(), ObjectRef::new(kind, name));
-        let config = Config {
-            place,
-            ignored,
-            digest,
-        };
+        let config = Config { place, record };
         if let Some(first) = configs.insert(key.clone(), config) {
             let first = &docs[first.place.doc];
             return Err(error(
@@ -371,28 +373,22 @@ fn title(kind: WorkloadKind, obj: &Value, options: &Options) -> String {
 }
 
 /// Reads a ConfigMap or Secret (core/v1): its kind, name, ignore annotation and entry digests.
-fn read_config(obj: &Value) -> Result<Option<(ObjectKind, String, bool, ObjectDigest)>, String> {
+fn read_config(obj: &Value) -> Result<Option<(ObjectKind, String, ObjectRecord)>, String> {
     if obj.get("apiVersion").and_then(Value::as_str) != Some("v1") {
         return Ok(None);
     }
-    let (kind, meta, digest) = match obj.get("kind").and_then(Value::as_str) {
+    let (kind, meta, record) = match obj.get("kind").and_then(Value::as_str) {
         Some("ConfigMap") => {
             let cm = ConfigMap::deserialize(obj).map_err(|e| format!("ConfigMap: {e}"))?;
-            let view = ObjectView::config_map(&cm).map_err(|e| e.to_string())?;
-            (
-                ObjectKind::ConfigMap,
-                cm.metadata.clone(),
-                ObjectDigest::from_view(&view),
-            )
+            // Checked even when the object is ignored: the API server would refuse it.
+            ObjectView::config_map(&cm).map_err(|e| e.to_string())?;
+            let record = ObjectRecord::config_map(&cm).map_err(|e| e.to_string())?;
+            (ObjectKind::ConfigMap, cm.metadata, record)
         }
         Some("Secret") => {
             let secret = Secret::deserialize(obj).map_err(|e| format!("Secret: {e}"))?;
-            let view = ObjectView::secret(&secret);
-            (
-                ObjectKind::Secret,
-                secret.metadata.clone(),
-                ObjectDigest::from_view(&view),
-            )
+            let record = ObjectRecord::secret(&secret);
+            (ObjectKind::Secret, secret.metadata, record)
         }
         _ => return Ok(None),
     };
@@ -400,8 +396,7 @@ fn read_config(obj: &Value) -> Result<Option<(ObjectKind, String, bool, ObjectDi
         Some(name) if !name.is_empty() => name,
         _ => return Err(format!("{} has no metadata.name", kind.as_str())),
     };
-    let ignored = checksum::is_ignored(meta.annotations.as_ref());
-    Ok(Some((kind, name, ignored, digest)))
+    Ok(Some((kind, name, record)))
 }
 
 fn explain<'c>(
@@ -424,8 +419,10 @@ fn explain<'c>(
         let config = lookup(r);
         let found = match config {
             None => "absent".to_owned(),
-            Some(c) if c.ignored => format!("ignored ({})", crate::core::names::IGNORE_ANNOTATION),
-            Some(c) => match c.digest.len() {
+            Some(c) if c.record.ignored => {
+                format!("ignored ({})", crate::core::names::IGNORE_ANNOTATION)
+            }
+            Some(c) => match c.record.digest.len() {
                 1 => "found, 1 key".to_owned(),
                 n => format!("found, {n} keys"),
             },
@@ -437,7 +434,8 @@ fn explain<'c>(
                     .iter()
                     .map(|k| match config {
                         Some(c)
-                            if !c.ignored && checksum::Entries::entry(&c.digest, k).is_none() =>
+                            if !c.record.ignored
+                                && checksum::Entries::entry(&c.record.digest, k).is_none() =>
                         {
                             format!("{k} (absent)")
                         }
@@ -516,10 +514,6 @@ impl InNamespace<'_> {
 
 impl rules::View for InNamespace<'_> {
     fn state(&self, object: &ObjectRef) -> RefState<'_> {
-        match self.get(object) {
-            None => RefState::Absent,
-            Some(c) if c.ignored => RefState::Ignored,
-            Some(c) => RefState::Present(&c.digest),
-        }
+        crate::core::record::state_of(self.get(object).map(|c| &c.record))
     }
 }

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::Value;
 
-use crate::core::checksum::{self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey};
+use crate::core::checksum::{RecipeError, RefState, StampKey};
+use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References};
 use crate::core::rules::{self, Lookup};
 use crate::core::workload::{self, Analysis, WorkloadKind};
@@ -23,30 +24,27 @@ pub type ConfigKey = (String, ObjectRef);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredConfig {
     pub resource_version: Box<str>,
-    pub ignored: bool,
-    pub digest: ObjectDigest,
+    pub record: ObjectRecord,
 }
 
 impl StoredConfig {
     pub fn from_config_map(cm: &ConfigMap) -> Result<Self, RecipeError> {
         Ok(StoredConfig {
             resource_version: resource_version(cm.metadata.resource_version.as_deref()),
-            ignored: checksum::is_ignored(cm.metadata.annotations.as_ref()),
-            digest: ObjectDigest::from_view(&ObjectView::config_map(cm)?),
+            record: ObjectRecord::config_map(cm)?,
         })
     }
 
     pub fn from_secret(secret: &Secret) -> Self {
         StoredConfig {
             resource_version: resource_version(secret.metadata.resource_version.as_deref()),
-            ignored: checksum::is_ignored(secret.metadata.annotations.as_ref()),
-            digest: ObjectDigest::from_view(&ObjectView::secret(secret)),
+            record: ObjectRecord::secret(secret),
         }
     }
 
     /// Whether the recipe sees a difference between the two.
     fn same_inputs(&self, other: &StoredConfig) -> bool {
-        self.ignored == other.ignored && self.digest == other.digest
+        self.record == other.record
     }
 }
 
@@ -128,11 +126,12 @@ impl ConfigStore {
 
     /// What the recipe sees of an object.
     pub fn state(&self, namespace: &str, object: &ObjectRef) -> RefState<'_> {
-        match self.namespaces.get(namespace).and_then(|o| o.get(object)) {
-            None => RefState::Absent,
-            Some(c) if c.ignored => RefState::Ignored,
-            Some(c) => RefState::Present(&c.digest),
-        }
+        crate::core::record::state_of(
+            self.namespaces
+                .get(namespace)
+                .and_then(|o| o.get(object))
+                .map(|c| &c.record),
+        )
     }
 
     /// Every object's key, for re-list comparisons.
@@ -548,7 +547,7 @@ mod tests {
         assert!(!store.upsert(key.clone(), config_map_at("9", "A")));
         let held = store.get(&key).expect("the object is held");
         assert_eq!(&*held.resource_version, "20");
-        assert_eq!(held.digest, config_map_at("20", "B").digest);
+        assert_eq!(held.record, config_map_at("20", "B").record);
         // Newer states go in; equal ones too (a relist repeats what was seen).
         assert!(!store.upsert(key.clone(), config_map_at("20", "B")));
         assert!(store.upsert(key.clone(), config_map_at("31", "C")));

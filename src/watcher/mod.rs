@@ -13,6 +13,9 @@
 //!
 //! Must not reach: the webhook's code (the two agree only through the core's rules) or the content
 //! of any object beyond its digests.
+//!
+//! As paths, checked by [`crate::contracts`]: no `crate::app`, `crate::cli`, `crate::explain`,
+//! `crate::offline`, `crate::webhook`.
 
 pub mod flap;
 pub mod index;

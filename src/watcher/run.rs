@@ -14,7 +14,7 @@ use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchPa
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, Span};
 
@@ -22,7 +22,7 @@ use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
 use crate::cluster::redact;
 use crate::cluster::watch::{Adapter, Watched, changes};
-use crate::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL, FIELD_MANAGER};
+use crate::core::names::{ENABLED_LABEL, FIELD_MANAGER};
 use crate::core::refs::{ObjectKind, ObjectRef};
 use crate::core::workload::WorkloadKind;
 use crate::watcher::index::{ConfigKey, StoredConfig, WorkloadEntry, WorkloadKey};
@@ -659,40 +659,15 @@ fn touch_error(e: &kube::Error) -> TouchError {
     }
 }
 
-/// A JSON pointer token: `~` and `/` escaped.
-fn pointer_token(token: &str) -> String {
-    token.replace('~', "~0").replace('/', "~1")
-}
-
-/// The patch that sets the pod template's stamp to `expected` only if the workload still
-/// carries what the watcher believes: a JSON patch that `test`s the stamp before replacing it,
-/// or (no stamp) a merge patch carrying the resourceVersion, which the API server checks. The
-/// API server sends it through the webhook, which re-reads and confirms or corrects it.
+/// The conditional touch of [`crate::core::patch::touch`], as the client sends it.
 fn touch_patch(kind: WorkloadKind, expected: &str, believed: &Believed) -> Patch<Value> {
-    match believed {
-        Believed::Stamp(stamp) => {
-            let mut path = String::new();
-            for token in kind.template_path() {
-                path.push('/');
-                path.push_str(&pointer_token(token));
-            }
-            path.push_str("/metadata/annotations/");
-            path.push_str(&pointer_token(CHECKSUM_ANNOTATION));
-            let ops = json!([
-                {"op": "test", "path": path, "value": stamp},
-                {"op": "replace", "path": path, "value": expected},
-            ]);
-            Patch::Json(serde_json::from_value(ops).expect("a valid JSON patch"))
-        }
-        Believed::ResourceVersion(rv) => {
-            let mut patch = json!({"metadata": {"resourceVersion": rv}});
-            let mut here = &mut patch;
-            for token in kind.template_path() {
-                here = &mut here[*token];
-            }
-            *here = json!({"metadata": {"annotations": {CHECKSUM_ANNOTATION: expected}}});
-            Patch::Merge(patch)
-        }
+    let touch = match believed {
+        Believed::Stamp(stamp) => crate::core::patch::touch(kind, expected, Some(stamp), ""),
+        Believed::ResourceVersion(rv) => crate::core::patch::touch(kind, expected, None, rv),
+    };
+    match touch {
+        crate::core::patch::Touch::Json(patch) => Patch::Json(patch),
+        crate::core::patch::Touch::Merge(patch) => Patch::Merge(patch),
     }
 }
 
@@ -782,6 +757,7 @@ fn workload_reference(key: &WorkloadKey, uid: &str) -> ObjectReference {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn namespace(object: Value) -> Namespace {
         serde_json::from_value(object).unwrap()

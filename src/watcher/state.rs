@@ -32,14 +32,13 @@ use crate::watcher::pace::{ChangeWindow, Pacer, Wait};
 mod follow;
 pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
 
+pub use crate::core::names::{
+    CONFIG_CHANGED_REASON, CONFIG_FLAPPING_REASON, TOO_MANY_REFERENCES_REASON, TOUCH_FAILED_REASON,
+    WOULD_ROLL_REASON,
+};
+
 /// Global token bucket burst.
 pub const TOUCH_BURST: u32 = 20;
-/// The reason of the Warning Event on a workload over `--max-references`.
-pub const TOO_MANY_REFERENCES_REASON: &str = "TooManyReferences";
-/// The reason of the Event on a workload whose pod template was re-stamped.
-pub const CONFIG_CHANGED_REASON: &str = "ConfigChanged";
-/// The reason of the Warning Event on a workload whose touch keeps failing.
-pub const TOUCH_FAILED_REASON: &str = "TouchFailed";
 /// A touch that failed this many times in a row gets a `TouchFailed` Event (one failure alone is
 /// usually gone at the first retry).
 pub const TOUCH_FAILED_AFTER: u32 = 2;
@@ -47,11 +46,6 @@ pub const TOUCH_FAILED_AFTER: u32 = 2;
 /// keeps an Event to count repeats (6 minutes), so each one is a new Event whose message has the
 /// error and retry delay of its time, not those of the first.
 pub const TOUCH_FAILED_EVERY: Duration = Duration::from_secs(600);
-/// The reason of the Warning Event on the dependents of a ConfigMap or Secret that flaps, once
-/// per episode.
-pub const CONFIG_FLAPPING_REASON: &str = "ConfigFlapping";
-/// The reason of the Normal Event a dry run (`--dry-run`) records instead of a touch.
-pub const WOULD_ROLL_REASON: &str = "WouldRoll";
 /// The touch outcome a dry run counts instead of a touch.
 pub const WOULD_ROLL_OUTCOME: &str = "would-roll";
 /// Workloads created within this of the watcher's start (or of their namespace opting in) are
@@ -115,8 +109,8 @@ impl Default for WatcherConfig {
             kind_recheck: Duration::from_secs(60),
             retry_base: Duration::from_secs(1),
             identity: "confighash".to_owned(),
-            max_references: crate::webhook::admission::DEFAULT_MAX_REFERENCES,
-            excluded_namespaces: HashSet::from([crate::webhook::admission::KUBE_SYSTEM.to_owned()]),
+            max_references: crate::core::names::DEFAULT_MAX_REFERENCES,
+            excluded_namespaces: HashSet::from([crate::core::names::KUBE_SYSTEM.to_owned()]),
             bypass_grace: Some(BYPASS_GRACE),
             dry_run: false,
             rollout_timeout: Duration::from_secs(600),

@@ -100,10 +100,7 @@ impl ReviewLimits {
     }
 }
 
-/// The namespace whose objects the webhook never reads, whatever a review says.
-pub const KUBE_SYSTEM: &str = "kube-system";
-/// The default of `--max-references`.
-pub const DEFAULT_MAX_REFERENCES: usize = 256;
+pub use crate::core::names::{DEFAULT_MAX_REFERENCES, KUBE_SYSTEM};
 /// The default lookup deadline (`--lookup-deadline`).
 pub const DEFAULT_LOOKUP_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -713,7 +710,6 @@ impl Webhook {
     }
 }
 
-/// The review outcome counted when a workload references more than `--max-references` objects.
-pub const TOO_MANY_REFERENCES_OUTCOME: &str = "too-many-references";
+pub use crate::admin::metrics::TOO_MANY_REFERENCES_OUTCOME;
 /// The longest `request.uid` answered (Kubernetes sends UUIDs, 36 characters).
 const MAX_UID_LEN: usize = 128;

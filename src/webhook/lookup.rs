@@ -32,9 +32,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
 use crate::admin::metrics::Metrics;
 use crate::cluster::get::{GetBody, Getter};
-use crate::core::checksum::{
-    self, ObjectDigest, ObjectView, RecipeError, RefState, StampKey, Tag, ValueDigest,
-};
+use crate::core::checksum::{ObjectDigest, RecipeError, RefState, StampKey, Tag, ValueDigest};
+use crate::core::record::{self, ObjectRecord};
 use crate::core::refs::{self, ObjectKind, ObjectRef, References};
 use crate::core::rules::{self, Lookup};
 
@@ -86,59 +85,20 @@ impl MemoryBudget {
     }
 }
 
-/// What the recipe needs of one existing object: per-key digests, or that it is ignored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectEntry {
-    /// Annotated `confighash.dev/ignore: "true"`: left out of every checksum.
-    pub ignored: bool,
-    pub digest: ObjectDigest,
-}
-
-impl ObjectEntry {
-    /// The entry of a ConfigMap: `data` (UTF-8) and `binaryData` (decoded).
-    pub fn config_map(cm: &ConfigMap) -> Result<Self, RecipeError> {
-        if checksum::is_ignored(cm.metadata.annotations.as_ref()) {
-            return Ok(ObjectEntry::ignored());
-        }
-        Ok(ObjectEntry {
-            ignored: false,
-            digest: ObjectDigest::from_view(&ObjectView::config_map(cm)?),
-        })
-    }
-
-    /// The entry of a Secret: `data` (decoded), with `stringData` merged over it.
-    pub fn secret(secret: &Secret) -> Self {
-        if checksum::is_ignored(secret.metadata.annotations.as_ref()) {
-            return ObjectEntry::ignored();
-        }
-        ObjectEntry {
-            ignored: false,
-            digest: ObjectDigest::from_view(&ObjectView::secret(secret)),
-        }
-    }
-
-    fn ignored() -> Self {
-        ObjectEntry {
-            ignored: true,
-            digest: ObjectDigest::default(),
-        }
-    }
-}
-
 /// A referenced object as a [`ConfigSource`] found it.
 #[derive(Debug, Clone)]
 pub enum Fetched {
     ConfigMap(ConfigMap),
     Secret(Secret),
     /// Already reduced to what the recipe needs.
-    Entry(ObjectEntry),
+    Entry(ObjectRecord),
 }
 
 impl Fetched {
-    fn into_entry(self) -> Result<ObjectEntry, RecipeError> {
+    fn into_entry(self) -> Result<ObjectRecord, RecipeError> {
         match self {
-            Fetched::ConfigMap(cm) => ObjectEntry::config_map(&cm),
-            Fetched::Secret(s) => Ok(ObjectEntry::secret(&s)),
+            Fetched::ConfigMap(cm) => ObjectRecord::config_map(&cm),
+            Fetched::Secret(s) => Ok(ObjectRecord::secret(&s)),
             Fetched::Entry(e) => Ok(e),
         }
     }
@@ -359,7 +319,7 @@ mod members {
 
 /// Decodes an answer into the object's entry. Errors say what is wrong and where, never what
 /// the answer holds.
-fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectEntry, String> {
+fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, String> {
     let lean: LeanBody<'_> = serde_json::from_slice(body).map_err(|e| {
         format!(
             "the answer is not a {}: {}",
@@ -388,7 +348,7 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectEntry, String>
                 .is_some_and(|(_, v)| v.0 == "true")
         });
     if ignored {
-        return Ok(ObjectEntry::ignored());
+        return Ok(ObjectRecord::ignored());
     }
     let base64_value = |v: &str| -> Result<ValueDigest, String> {
         let bytes = base64::engine::general_purpose::STANDARD
@@ -420,7 +380,7 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectEntry, String>
             entries.insert(k, (Tag::BinaryData, digest));
         }
     }
-    Ok(ObjectEntry {
+    Ok(ObjectRecord {
         ignored: false,
         digest: ObjectDigest::from_digests(
             entries.into_iter().map(|(k, (t, d))| (k.to_owned(), t, d)),
@@ -464,7 +424,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for LeanBody<'a> {
 /// Every referenced object, read.
 #[derive(Debug, Default)]
 pub struct Resolved {
-    objects: BTreeMap<ObjectRef, Option<ObjectEntry>>,
+    objects: BTreeMap<ObjectRef, Option<ObjectRecord>>,
 }
 
 impl Resolved {
@@ -493,11 +453,7 @@ impl Resolved {
 
 impl rules::View for Resolved {
     fn state(&self, object: &ObjectRef) -> RefState<'_> {
-        match self.objects.get(object) {
-            Some(Some(e)) if e.ignored => RefState::Ignored,
-            Some(Some(e)) => RefState::Present(&e.digest),
-            _ => RefState::Absent,
-        }
+        record::state_of(self.objects.get(object).and_then(Option::as_ref))
     }
 }
 
@@ -657,7 +613,7 @@ impl Lookups {
         budget: &MemoryBudget,
     ) -> Result<Resolved, LookupError> {
         let review = self.next_review.fetch_add(1, Ordering::Relaxed);
-        type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectEntry>, String>)>;
+        type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectRecord>, String>)>;
         let reads: Vec<Read<'_>> = refs
             .iter()
             .map(|(r, _)| -> Read<'_> {
@@ -865,7 +821,7 @@ mod tests {
         assert_eq!(fair.available(), 0);
     }
 
-    fn entry(kind: ObjectKind, body: &str) -> Result<ObjectEntry, String> {
+    fn entry(kind: ObjectKind, body: &str) -> Result<ObjectRecord, String> {
         decode_object(&ObjectRef::new(kind, "x"), body.as_bytes())
     }
 
@@ -879,7 +835,7 @@ mod tests {
         let body = serde_json::to_string(&cm).unwrap();
         assert_eq!(
             entry(ObjectKind::ConfigMap, &body).unwrap(),
-            ObjectEntry::config_map(&cm).unwrap()
+            ObjectRecord::config_map(&cm).unwrap()
         );
         let secret: Secret = serde_json::from_str(
             r#"{"kind":"Secret","metadata":{"name":"x","annotations":{"o":"p"}},
@@ -889,7 +845,7 @@ mod tests {
         let body = serde_json::to_string(&secret).unwrap();
         assert_eq!(
             entry(ObjectKind::Secret, &body).unwrap(),
-            ObjectEntry::secret(&secret)
+            ObjectRecord::secret(&secret)
         );
         let ignored =
             r#"{"metadata":{"annotations":{"confighash.dev/ignore":"true"}},"data":{"a":"b"}}"#;

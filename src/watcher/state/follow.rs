@@ -33,10 +33,8 @@ use crate::core::workload::WorkloadKind;
 use crate::watcher::index::{ConfigKey, WorkloadEntry, WorkloadKey};
 use crate::watcher::rollout::Progress;
 
-/// The reason of the Event on a workload whose rollout after a config change completed.
-pub const ROLLOUT_COMPLETE_REASON: &str = "RolloutComplete";
-/// The reason of the Warning Event on a workload whose rollout after a config change stalled.
-pub const ROLLOUT_STALLED_REASON: &str = "RolloutStalled";
+pub use crate::core::names::ROLLOUT_COMPLETE_REASON;
+pub use crate::core::names::ROLLOUT_STALLED_REASON;
 /// A Deployment or an Argo Rollout whose controller reports neither completion nor a stall
 /// within this of the touch is no longer followed (no Event): its controller may not be running,
 /// or the rollout waits for a person (an Argo Rollout paused at a step).
