@@ -2359,9 +2359,10 @@ async fn run_inner(size: Size, seed: u64) -> Result<bool, String> {
         leader_changes
     );
     println!(
-        "| touches (all replicas) | touched {}, kept by the webhook {}, failed {}, gone {}; retries {}; re-queued by the token bucket's burst of 20 {} (for nanoseconds at this rate; kube's client retries a 429 after its Retry-After, so 429s show as delays, not failures) |",
+        "| touches (all replicas, the barriers' included) | touched {}, kept by the webhook {}, stale (nothing written: the workload had changed) {}, failed {}, gone {}; retries {}; re-queued by the token bucket's burst of 20 {} (for nanoseconds at this rate; kube's client retries a 429 after its Retry-After, so 429s show as delays, not failures) |",
         touches("touched"),
         touches("kept-by-webhook"),
+        touches("stale"),
         touches("error"),
         touches("gone"),
         metric_sum("confighash_touch_retries_total"),

@@ -702,6 +702,12 @@ async fn patch(
         Ok(obj) => {
             let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
             let (stamp, _) = crate::core::workload::stamp_and_marker(kind, &value);
+            tracing::debug!(
+                stamp = stamp.unwrap_or(""),
+                generation = obj.metadata.generation.unwrap_or(0),
+                resource_version = obj.metadata.resource_version.as_deref().unwrap_or(""),
+                "the PATCH's response"
+            );
             return (
                 TouchResult::Patched(stamp.map(str::to_owned)),
                 entry(&value),

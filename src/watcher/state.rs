@@ -1287,6 +1287,10 @@ impl State {
         match result {
             Ok(configs) => {
                 for (config, stored) in configs {
+                    tracing::debug!(workload = %key, object = %config.1,
+                        resource_version = stored.as_ref().map_or("(absent)", |s| &*s.resource_version),
+                        held = self.configs.get(&config).map_or("(none)", |s| &*s.resource_version),
+                        "read afresh before a touch");
                     self.config(config, stored, now);
                 }
                 if waited && let Some(p) = self.pending.get_mut(&key) {

@@ -42,6 +42,9 @@ pub const STAMP: &str = "confighash.dev/checksum";
 /// The change window the scenarios run with (the default is 5 s; ratios are what matter).
 pub const WINDOW: Duration = Duration::from_millis(400);
 pub const DEADLINE: Duration = Duration::from_secs(20);
+/// How long a replica may take to lead: the Lease's duration (15 s) after a replica that did not
+/// give it up, the retry period and some room.
+pub const LEADER_DEADLINE: Duration = Duration::from_secs(45);
 /// The scenarios' `--flap-threshold`: high enough that no barrier ever flaps.
 pub const FLAP_THRESHOLD: u32 = 10_000;
 /// On a real cluster, the label of every namespace a test creates; its value is the suffix of
@@ -884,6 +887,35 @@ impl Env {
             return;
         }
         serve_sh("start", 0).await;
+        self.wait_leader().await;
+    }
+
+    /// On a real cluster: polls until a replica of confighash leads ([`METRICS_URL`]'s
+    /// `confighash_leader`). A replica that ended without giving the Lease up holds it until it
+    /// expires (15 s after the others last saw it renewed), so a scenario that goes on at once
+    /// would race the election with its own deadline. The stand-in's watcher always leads.
+    pub async fn wait_leader(&self) {
+        if self.is_stand_in() {
+            return;
+        }
+        let Ok(urls) = std::env::var(METRICS_URL) else {
+            return;
+        };
+        let start = tokio::time::Instant::now();
+        loop {
+            let mut seen = Vec::new();
+            for url in urls.split(',') {
+                match remote_gauge(url, "confighash_leader").await {
+                    Ok(1) => return,
+                    other => seen.push(format!("{url}: {other:?}")),
+                }
+            }
+            assert!(
+                start.elapsed() < LEADER_DEADLINE,
+                "no replica of confighash leads after {LEADER_DEADLINE:?}: {seen:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Replaces confighash's HMAC key with `bytes` and restarts its watcher, so reconcile runs
@@ -1487,6 +1519,14 @@ pub fn workload_object(kind: &str, name: &str, refs: &[(&str, &str)], labels: Va
 /// confighash's touches pending and in flight, read from its metrics at `url` (plain HTTP on
 /// loopback, as `scripts/real-tier.sh` runs it).
 async fn remote_outstanding(url: &str) -> Result<(u64, u64), String> {
+    Ok((
+        remote_gauge(url, "confighash_touches_pending").await?,
+        remote_gauge(url, "confighash_touches_in_flight").await?,
+    ))
+}
+
+/// The value of an unlabelled gauge in the metrics at `url`.
+async fn remote_gauge(url: &str, name: &str) -> Result<u64, String> {
     let address = url
         .strip_prefix("http://")
         .and_then(|rest| rest.split('/').next())
@@ -1514,22 +1554,16 @@ async fn remote_outstanding(url: &str) -> Result<(u64, u64), String> {
     })
     .await
     .map_err(|_| format!("{url}: no answer in 5 s"))??;
-    let gauge = |name: &str| {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix(' ')?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .map(|v| v as u64)
-            .ok_or_else(|| format!("{url} has no {name}"))
-    };
-    Ok((
-        gauge("confighash_touches_pending")?,
-        gauge("confighash_touches_in_flight")?,
-    ))
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .map(|v| v as u64)
+        .ok_or_else(|| format!("{url} has no {name}"))
 }
 
 /// One request of confighash's in the API server's audit log.
