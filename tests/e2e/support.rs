@@ -1609,6 +1609,11 @@ pub fn audit() -> Option<&'static AuditLog> {
 }
 
 impl AuditLog {
+    /// The user confighash runs as (`system:serviceaccount:NS:NAME`).
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
     /// Every request of confighash's recorded so far (its final stage), in order.
     pub fn requests(&self) -> Vec<Audited> {
         use std::io::{BufRead, Seek};

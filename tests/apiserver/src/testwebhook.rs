@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -120,12 +121,29 @@ impl Drop for TestWebhook {
 struct HookState {
     handler: Box<Handler>,
     calls: Arc<AtomicUsize>,
+    /// How long each answer waits before it is sent.
+    delay: Duration,
 }
 
 impl TestWebhook {
     /// `handler` gets the AdmissionReview's `request` and returns the `response` fields besides
     /// `uid` (for example `{"allowed": true, "patchType": "JSONPatch", "patch": ...}`).
     pub async fn start(handler: impl Fn(&Value) -> Value + Send + Sync + 'static) -> Self {
+        Self::start_delayed(handler, Duration::ZERO).await
+    }
+
+    /// A webhook that allows everything after `delay`: the API server's request waits that long
+    /// in admission (up to the configuration's `timeoutSeconds`), holding its seat of API
+    /// Priority and Fairness all the while.
+    pub async fn delaying(delay: Duration) -> Self {
+        Self::start_delayed(|_| json!({"allowed": true}), delay).await
+    }
+
+    /// As [`TestWebhook::start`], each answer sent `delay` after its request came.
+    pub async fn start_delayed(
+        handler: impl Fn(&Value) -> Value + Send + Sync + 'static,
+        delay: Duration,
+    ) -> Self {
         let certs = TestCerts::generate();
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
@@ -149,6 +167,7 @@ impl TestWebhook {
         let state = Arc::new(HookState {
             handler: Box::new(handler),
             calls: calls.clone(),
+            delay,
         });
         let app = Router::new()
             .route("/mutate", post(mutate))
@@ -237,6 +256,9 @@ impl TestWebhook {
 
 async fn mutate(State(state): State<Arc<HookState>>, body: axum::Json<Value>) -> axum::Json<Value> {
     state.calls.fetch_add(1, Ordering::SeqCst);
+    if !state.delay.is_zero() {
+        tokio::time::sleep(state.delay).await;
+    }
     let request = &body.0["request"];
     let mut response = (state.handler)(request);
     response["uid"] = request["uid"].clone();
