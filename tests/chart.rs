@@ -1222,7 +1222,7 @@ fn chart_refuses_clusters_older_than_the_minimum() {
     );
 }
 
-/// Every Argo CD `ignoreDifferences` the READMEs give covers the caBundle of every webhook entry
+/// Every Argo CD `ignoreDifferences` the install guide and the chart's README give covers the caBundle of every webhook entry
 /// (the configuration has two, and confighash writes both): a pointer to `/webhooks/0` alone
 /// would leave the second entry OutOfSync after every certificate renewal.
 #[test]
@@ -1233,7 +1233,7 @@ fn the_readmes_ignore_the_ca_bundle_of_every_webhook_entry() {
         .find(|o| type_of(o).1 == "MutatingWebhookConfiguration")
         .unwrap();
     assert_eq!(configuration["webhooks"].as_array().map(Vec::len), Some(2));
-    for readme in ["../../README.md", "README.md"] {
+    for readme in ["../../docs/install.md", "README.md"] {
         let text = read(&chart_dir().join(readme));
         let blocks = text.matches("ignoreDifferences:").count();
         assert!(blocks > 0, "{readme} shows Argo CD's ignoreDifferences");
