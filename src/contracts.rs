@@ -348,8 +348,13 @@ mod tests {
     fn anchors_are_made_as_github_makes_them() {
         let text = "# A `b` c\n## What? Yes!\n```\n# not a heading\n```\n## What? Yes!\n";
         let found = anchors(text);
-        assert!(found.contains("a-b-c") && found.contains("what-yes") && found.contains("what-yes-1"));
+        assert!(
+            found.contains("a-b-c") && found.contains("what-yes") && found.contains("what-yes-1")
+        );
         assert!(!found.contains("not-a-heading"));
-        assert_eq!(links("see [x](a.md#b) and `[y](c.md)`"), [(1, "a.md#b".to_owned())]);
+        assert_eq!(
+            links("see [x](a.md#b) and `[y](c.md)`"),
+            [(1, "a.md#b".to_owned())]
+        );
     }
 }

@@ -17,7 +17,7 @@ use build::{NS, Review, Workload, config_map, deployment, marker_of, patched, st
 use confighash::core::names::UNSTAMPED_ANNOTATION as MARKER;
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::DEFAULT_MAX_REFERENCES;
-use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use futures::future::BoxFuture;
 use harness::Harness;
 use serde_json::{Value, json};
@@ -193,7 +193,7 @@ struct Gated {
     most: AtomicUsize,
 }
 
-impl ConfigSource for Gated {
+impl ObjectSource for Gated {
     fn fetch<'a>(
         &'a self,
         namespace: &'a str,

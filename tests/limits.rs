@@ -22,7 +22,7 @@ use clap::Parser;
 use confighash::cli::{Cli, Command};
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::{MAX_BODY, REVIEW_ALLOWANCE};
-use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use confighash::webhook::server::Limits;
 use futures::future::BoxFuture;
 use harness::{NoObjects, ServeSettings, Served};
@@ -63,7 +63,7 @@ async fn start(header_read_timeout: Duration, limits: Limits) -> Served {
 async fn start_with_source(
     header_read_timeout: Duration,
     limits: Limits,
-    source: Arc<dyn ConfigSource>,
+    source: Arc<dyn ObjectSource>,
 ) -> Served {
     let webhook = harness::webhook(source, KEY).with_lookup_deadline(Duration::from_secs(2));
     harness::serve(
@@ -420,7 +420,7 @@ async fn a_trickled_body_is_cut_off_with_408() {
 /// Every read takes longer than any test waits.
 struct SlowObjects;
 
-impl ConfigSource for SlowObjects {
+impl ObjectSource for SlowObjects {
     fn fetch<'a>(
         &'a self,
         _namespace: &'a str,

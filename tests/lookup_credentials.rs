@@ -8,7 +8,7 @@ use apiserver::server::ApiServer;
 use apiserver::user::UserInfo;
 use confighash::cluster::get::Getter;
 use confighash::core::refs::{ObjectKind, ObjectRef};
-use confighash::webhook::lookup::{ConfigSource, Fetched, KubeSource, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, KubeSource, MemoryBudget, ObjectSource};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Api;
 use kube::api::PostParams;

@@ -1,4 +1,4 @@
-//! The review, the objects it references and an in-memory `ConfigSource` serving them.
+//! The review, the objects it references and an in-memory `ObjectSource` serving them.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -6,7 +6,7 @@ use base64::Engine;
 use confighash::core::checksum::StampKey;
 use confighash::core::refs::{ObjectKind, ObjectRef};
 use confighash::core::workload::{self, Analysis, WorkloadKind};
-use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -50,7 +50,7 @@ impl MemorySource {
     }
 }
 
-impl ConfigSource for MemorySource {
+impl ObjectSource for MemorySource {
     fn fetch<'a>(
         &'a self,
         _namespace: &'a str,

@@ -1,4 +1,4 @@
-//! The invariants the fuzz targets check, and what they need to check them: a `ConfigSource`
+//! The invariants the fuzz targets check, and what they need to check them: a `ObjectSource`
 //! that answers from memory, a webhook built on it, and a reference model of discovery.
 //!
 //! `tests/fuzz_regressions.rs` includes this file as a module, so `cargo test` replays the seeds
@@ -19,7 +19,7 @@ use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection}
 use confighash::core::workload::{self, Analysis, WorkloadKind};
 use confighash::offline::{self, InputError, Source};
 use confighash::webhook::admission::{BadRequest, Webhook};
-use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, PodSpec, Secret};
@@ -88,7 +88,7 @@ impl NameSource {
     }
 }
 
-impl ConfigSource for NameSource {
+impl ObjectSource for NameSource {
     fn fetch<'a>(
         &'a self,
         _namespace: &'a str,

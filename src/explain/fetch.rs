@@ -22,7 +22,7 @@ use crate::core::names::ENABLED_LABEL;
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef};
 use crate::core::workload::WorkloadKind;
-use crate::explain::model::{self, KeyFacts, KeySource, Read, RefObject};
+use crate::explain::model::{self, KeyFacts, KeyOrigin, Read, RefObject};
 use crate::explain::select;
 
 /// Objects asked for per page of a list.
@@ -57,13 +57,13 @@ fn read<T>(result: Result<T, kube::Error>) -> Read<T> {
 
 /// Reads through `client`.
 #[derive(Clone)]
-pub struct Cluster {
+pub struct ClusterReader {
     client: kube::Client,
 }
 
-impl Cluster {
+impl ClusterReader {
     pub fn new(client: kube::Client) -> Self {
-        Cluster { client }
+        ClusterReader { client }
     }
 
     /// The workload as JSON.
@@ -164,7 +164,7 @@ impl Cluster {
             )),
         };
         KeyFacts {
-            source: KeySource::Secret {
+            source: KeyOrigin::Secret {
                 namespace: namespace.to_owned(),
                 name: name.to_owned(),
             },
@@ -270,7 +270,7 @@ pub fn key_file(path: &std::path::Path) -> KeyFacts {
         Err(e) => Read::Failed(format!("cannot read the key file {}: {e}", path.display())),
     };
     KeyFacts {
-        source: KeySource::File(path.display().to_string()),
+        source: KeyOrigin::File(path.display().to_string()),
         key,
     }
 }

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::core::workload::WorkloadKind;
-use crate::explain::fetch::Cluster;
+use crate::explain::fetch::ClusterReader;
 use crate::explain::model::{Explanation, Facts, KeyFacts, Read, Verdict};
 use crate::explain::render::Row;
 
@@ -219,7 +219,7 @@ pub async fn run(client: kube::Client, request: &Request) -> Report {
         }
     }
     let default_namespace = client.default_namespace().to_owned();
-    let cluster = Cluster::new(client);
+    let cluster = ClusterReader::new(client);
     let common = Common::read(&cluster, request).await;
     match &request.target {
         Target::Workload {
@@ -254,7 +254,7 @@ struct Common {
 }
 
 impl Common {
-    async fn read(cluster: &Cluster, request: &Request) -> Self {
+    async fn read(cluster: &ClusterReader, request: &Request) -> Self {
         let key = match &request.key {
             KeyChoice::File(path) => fetch::key_file(path),
             KeyChoice::Secret(name) => cluster.key_secret(&request.install_namespace, name).await,
@@ -269,7 +269,7 @@ impl Common {
 /// The facts of one workload whose object was read.
 #[allow(clippy::too_many_arguments)]
 async fn facts(
-    cluster: &Cluster,
+    cluster: &ClusterReader,
     common: &Common,
     request: &Request,
     kind: WorkloadKind,
@@ -298,7 +298,7 @@ async fn facts(
 }
 
 async fn one(
-    cluster: &Cluster,
+    cluster: &ClusterReader,
     common: &Common,
     request: &Request,
     kind: WorkloadKind,
@@ -371,7 +371,7 @@ struct Table<'a> {
 }
 
 async fn many(
-    cluster: &Cluster,
+    cluster: &ClusterReader,
     common: &Common,
     request: &Request,
     namespaces: Vec<String>,

@@ -77,7 +77,7 @@ pub struct RefObject {
 
 /// Where the installation's key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
+pub enum KeyOrigin {
     /// `--key-file`.
     File(String),
     /// The key Secret (`--install-namespace`, `--key-secret`), data key `key`.
@@ -87,7 +87,7 @@ pub enum KeySource {
 /// The installation's key, as far as it could be had.
 #[derive(Debug, Clone)]
 pub struct KeyFacts {
-    pub source: KeySource,
+    pub source: KeyOrigin,
     /// `Failed` also when the Secret holds no usable key (the message says why).
     pub key: Read<StampKey>,
 }
@@ -678,17 +678,17 @@ fn unknown_reason(facts: &Facts, references: &[Reference], unread: usize) -> Str
     let mut why = Vec::new();
     match (&facts.key.source, &facts.key.key) {
         (_, Read::Found(_)) => {}
-        (KeySource::Secret { namespace, name }, Read::Forbidden) => why.push(format!(
+        (KeyOrigin::Secret { namespace, name }, Read::Forbidden) => why.push(format!(
             "comparing the stamp needs read access (get) to the key Secret {namespace}/{name}, or \
              the key given with --key-file"
         )),
-        (KeySource::Secret { namespace, name }, Read::Absent) => why.push(format!(
+        (KeyOrigin::Secret { namespace, name }, Read::Absent) => why.push(format!(
             "the key Secret {namespace}/{name} does not exist (is confighash installed in \
              namespace {namespace}? see --install-namespace and --key-secret); comparing the \
              stamp needs the installation's key"
         )),
         (_, Read::Failed(e)) => why.push(format!("the key could not be had: {e}")),
-        (KeySource::File(path), _) => why.push(format!("the key file {path} could not be read")),
+        (KeyOrigin::File(path), _) => why.push(format!("the key file {path} could not be read")),
     }
     if unread > 0 {
         why.push(format!(
@@ -865,8 +865,8 @@ fn reference(
 
 fn key_info(key: &KeyFacts) -> KeyInfo {
     let (source, path, namespace, name) = match &key.source {
-        KeySource::File(path) => ("file", Some(path.clone()), None, None),
-        KeySource::Secret { namespace, name } => {
+        KeyOrigin::File(path) => ("file", Some(path.clone()), None, None),
+        KeyOrigin::Secret { namespace, name } => {
             ("secret", None, Some(namespace.clone()), Some(name.clone()))
         }
     };

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use serde_json::{Value, json};
 
-use super::model::{self, Facts, KeyFacts, KeySource, Read, RefObject, Verdict};
+use super::model::{self, Facts, KeyFacts, KeyOrigin, Read, RefObject, Verdict};
 use super::observed;
 use super::render;
 use super::{WorkloadArg, parse_kind, parse_workload};
@@ -138,7 +138,7 @@ fn facts(object: Value) -> Facts {
         webhook_name: "confighash".into(),
         webhook: Read::Found(installed_webhook()),
         key: KeyFacts {
-            source: KeySource::Secret {
+            source: KeyOrigin::Secret {
                 namespace: "confighash".into(),
                 name: "confighash-key".into(),
             },

@@ -30,7 +30,7 @@ use crate::core::patch;
 use crate::core::refs;
 use crate::core::rules::{self, Current, Decision, Lookup, Outcome, Trigger};
 use crate::core::workload::{self, Analysis, WorkloadKind};
-use crate::webhook::lookup::{self, ConfigSource, Lookups, MemoryBudget};
+use crate::webhook::lookup::{self, Lookups, MemoryBudget, ObjectSource};
 
 /// Largest review body accepted: an UPDATE carries two objects of up to 1.5 MiB each, base64
 /// and the envelope on top.
@@ -124,7 +124,7 @@ pub struct Webhook {
 
 impl Webhook {
     /// A webhook reading from `source`, with the defaults of `confighash serve`.
-    pub fn new(source: Arc<dyn ConfigSource>, keys: Arc<KeyStore>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(source: Arc<dyn ObjectSource>, keys: Arc<KeyStore>, metrics: Arc<Metrics>) -> Self {
         Webhook {
             lookups: Lookups::new(source, lookup::DEFAULT_MAX_READS_IN_FLIGHT),
             keys,

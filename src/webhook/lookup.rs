@@ -85,7 +85,7 @@ impl MemoryBudget {
     }
 }
 
-/// A referenced object as a [`ConfigSource`] found it.
+/// A referenced object as a [`ObjectSource`] found it.
 #[derive(Debug, Clone)]
 pub enum Fetched {
     ConfigMap(ConfigMap),
@@ -116,7 +116,7 @@ pub enum LookupError {
 }
 
 /// Where referenced objects are read from.
-pub trait ConfigSource: Send + Sync + 'static {
+pub trait ObjectSource: Send + Sync + 'static {
     /// The object, `None` when it does not exist. Bytes read along the way are taken from
     /// `budget` while they are held. The error message must not quote what was read.
     fn fetch<'a>(
@@ -217,7 +217,7 @@ async fn discard(mut body: GetBody) {
     }
 }
 
-impl ConfigSource for KubeSource {
+impl ObjectSource for KubeSource {
     fn fetch<'a>(
         &'a self,
         namespace: &'a str,
@@ -583,14 +583,14 @@ impl Fair {
 
 /// Where reviews read their references from, and the cap they share.
 pub struct Lookups {
-    source: Arc<dyn ConfigSource>,
+    source: Arc<dyn ObjectSource>,
     fair: Arc<Fair>,
     next_review: AtomicU64,
 }
 
 impl Lookups {
     /// At most `max_in_flight` reads from `source` at once, all reviews together.
-    pub fn new(source: Arc<dyn ConfigSource>, max_in_flight: usize) -> Self {
+    pub fn new(source: Arc<dyn ObjectSource>, max_in_flight: usize) -> Self {
         Lookups {
             source,
             fair: Fair::new(max_in_flight),
@@ -683,7 +683,7 @@ mod tests {
         reads: AtomicUsize,
     }
 
-    impl ConfigSource for Counting {
+    impl ObjectSource for Counting {
         fn fetch<'a>(
             &'a self,
             _namespace: &'a str,

@@ -20,7 +20,7 @@ use confighash::certs::key::KeyStore;
 use confighash::core::checksum::{Recipe, StampKey};
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::Webhook;
-use confighash::webhook::lookup::{ConfigSource, Fetched, KubeSource, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, KubeSource, MemoryBudget, ObjectSource};
 use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
 use confighash::webhook::tls::CertStore;
 use futures::future::BoxFuture;
@@ -40,7 +40,7 @@ const HANDSHAKE: Duration = Duration::from_secs(10);
 /// Every referenced object is absent: reviews need no API server.
 pub struct NoObjects;
 
-impl ConfigSource for NoObjects {
+impl ObjectSource for NoObjects {
     fn fetch<'a>(
         &'a self,
         _namespace: &'a str,
@@ -53,7 +53,7 @@ impl ConfigSource for NoObjects {
 
 /// A webhook that reads referenced objects from `source` and stamps with `key`, with metrics of
 /// its own (`webhook.metrics()`).
-pub fn webhook(source: Arc<dyn ConfigSource>, key: &[u8]) -> Webhook {
+pub fn webhook(source: Arc<dyn ObjectSource>, key: &[u8]) -> Webhook {
     Webhook::new(
         source,
         Arc::new(KeyStore::new(StampKey::new(key.to_vec()).unwrap())),

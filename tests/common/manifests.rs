@@ -37,7 +37,7 @@ use confighash::core::refs::{ObjectKind, ObjectRef};
 use confighash::core::workload::WorkloadKind;
 use confighash::watcher::leader::{self, LeaderConfig};
 use confighash::watcher::{self, WatcherConfig};
-use confighash::webhook::lookup::{ConfigSource, KubeSource};
+use confighash::webhook::lookup::{KubeSource, ObjectSource};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;

@@ -15,7 +15,7 @@ use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::Webhook;
-use confighash::webhook::lookup::{ConfigSource, Fetched, MemoryBudget};
+use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
 use confighash::webhook::tls::{CertStore, ClientCaStore};
 use futures::future::BoxFuture;
@@ -35,7 +35,7 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 /// Every referenced object is absent: the reviews need no API server.
 struct NoObjects;
 
-impl ConfigSource for NoObjects {
+impl ObjectSource for NoObjects {
     fn fetch<'a>(
         &'a self,
         _namespace: &'a str,
