@@ -12,6 +12,10 @@
 //! made meanwhile, then a new list), its leader steps down when it cannot renew and takes the
 //! Lease again; the change rolls exactly once.
 //!
+//! confighash's ClusterRole loses `patch` on the apps workloads during a change: its touches are
+//! refused (403), one `TouchFailed` Warning says so without the API server's message, and once
+//! the rule is back the change rolls exactly once.
+//!
 //! The stand-in has its own injected 429s, dropped watches and compactions
 //! (`tests/e2e_lifecycle.rs`, the fault run); these scenarios skip there, and say so.
 
@@ -402,4 +406,142 @@ async fn a_restart_of_kube_apiserver_during_a_change_relists_and_rolls_once() {
         "{TEST}: confighash listed the ConfigMaps {} times after the restart",
         lists() - listed
     );
+}
+
+/// confighash's ClusterRole without `patch` on Deployments, StatefulSets and DaemonSets while
+/// this lives; dropping it puts the rules back (also when the scenario fails), from a thread
+/// and client of its own.
+struct NoPatch {
+    config: kube::Config,
+    original: k8s_openapi::api::rbac::v1::ClusterRole,
+}
+
+impl NoPatch {
+    async fn start(env: &Env, name: &str) -> NoPatch {
+        let api: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(env.client.clone());
+        let original = api.get(name).await.unwrap();
+        let mut changed = original.clone();
+        let mut found = false;
+        for rule in changed.rules.iter_mut().flatten() {
+            let apps = rule.api_groups.as_ref().is_some_and(|g| g == &["apps"]);
+            let deployments = rule
+                .resources
+                .as_ref()
+                .is_some_and(|r| r.iter().any(|r| r == "deployments"));
+            if apps && deployments {
+                rule.verbs.retain(|v| v != "patch");
+                found = true;
+            }
+        }
+        assert!(
+            found,
+            "the ClusterRole {name} has the rule of the apps workloads"
+        );
+        api.replace(name, &PostParams::default(), &changed)
+            .await
+            .unwrap();
+        NoPatch {
+            config: env.real_config().expect("a real cluster"),
+            original,
+        }
+    }
+}
+
+impl Drop for NoPatch {
+    fn drop(&mut self) {
+        let config = self.config.clone();
+        let mut original = self.original.clone();
+        let done = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+                let api: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client);
+                let name = original.metadata.name.clone().unwrap_or_default();
+                // Over whatever is stored now.
+                original.metadata.resource_version = None;
+                api.replace(&name, &PostParams::default(), &original)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| format!("restoring the ClusterRole {name}: {e}"))
+            })
+        })
+        .join();
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("real cluster: {e}"),
+            Err(_) => eprintln!("real cluster: restoring the ClusterRole panicked"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn touches_refused_by_the_real_rbac_record_one_touch_failed_and_land_once_allowed() {
+    const TEST: &str =
+        "touches_refused_by_the_real_rbac_record_one_touch_failed_and_land_once_allowed";
+    let Some(env) = Env::controlling(TEST, Setup::default()).await else {
+        return;
+    };
+    let audit = match (env.is_stand_in(), support::audit()) {
+        (false, Some(audit)) => audit,
+        _ => {
+            eprintln!(
+                "skipped: {TEST} edits the chart's ClusterRole on a real cluster and counts \
+                 confighash's requests in its audit log (the stand-in's RBAC change is in \
+                 tests/e2e_lifecycle.rs)"
+            );
+            return;
+        }
+    };
+    let ns = env.ns("rbac");
+    env.namespace("rbac", true).await;
+    env.config_map("rbac", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.deployment("rbac", "web", &[("envFrom", "app-env")])
+        .await;
+    env.wait_first_revision("rbac", "Deployment", "web").await;
+    env.barrier("rbac").await;
+
+    // The release's ClusterRole is named after the ServiceAccount (the chart's fullname).
+    let role = audit.user().rsplit(':').next().unwrap().to_owned();
+    let refused = || {
+        audit
+            .requests()
+            .into_iter()
+            .filter(|r| {
+                r.namespace == ns
+                    && r.verb == "patch"
+                    && r.resource == "deployments"
+                    && r.code == 403
+            })
+            .count()
+    };
+    let no_patch = NoPatch::start(&env, &role).await;
+    env.config_map("rbac", "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.eventually("a TouchFailed Event on web", || async {
+        env.events("rbac", "web", "TouchFailed").await >= 1
+    })
+    .await;
+    assert!(refused() >= 2, "two of confighash's patches refused");
+    assert_eq!(env.rollouts("rbac", "Deployment", "web").await, 0);
+    let failed = env.recorded_events("rbac", "web", "TouchFailed").await;
+    assert_eq!(failed.len(), 1, "one TouchFailed Event: {failed:#?}");
+    let note = failed[0].note.as_deref().unwrap_or_default();
+    assert!(
+        note.contains("403") && note.contains("ConfigMap app-env changed"),
+        "{note:?}"
+    );
+    assert!(
+        !note.contains("cannot patch resource"),
+        "{note:?} quotes the API server's message"
+    );
+
+    drop(no_patch);
+    env.wait_rollouts("rbac", "Deployment", "web", 1).await;
+    env.barrier("rbac").await;
+    assert_eq!(env.rollouts("rbac", "Deployment", "web").await, 1);
+    assert_eq!(env.events("rbac", "web", "ConfigChanged").await, 1);
 }
