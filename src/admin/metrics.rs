@@ -140,6 +140,7 @@ pub struct Metrics {
     rollouts_followed: Gauge,
     rollout_latency: Histogram,
     config_flapping: Gauge,
+    touch_wave_eta: Gauge,
 }
 
 impl Default for Metrics {
@@ -296,6 +297,14 @@ impl Metrics {
             "Rollouts after config changes the leader follows now",
             rollouts_followed.clone(),
         );
+        let touch_wave_eta = Gauge::default();
+        registry.register(
+            "touch_wave_eta_seconds",
+            "When the touches pending now will all have been sent, at --max-touches-per-second \
+             (whole seconds, rounded up): how long a wave of rollouts after a change of a widely \
+             used ConfigMap or Secret has to go",
+            touch_wave_eta.clone(),
+        );
         let config_flapping = Gauge::default();
         registry.register(
             "config_flapping_objects",
@@ -359,6 +368,7 @@ impl Metrics {
             rollouts_followed,
             rollout_latency,
             config_flapping,
+            touch_wave_eta,
             watched,
             synced,
             leader,
@@ -588,6 +598,21 @@ impl Metrics {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
+    /// How long the touches pending now take to send at `rate` a second.
+    pub fn set_touch_wave_eta(&self, pending: usize, rate: f64) {
+        let seconds = if rate > 0.0 {
+            (pending as f64 / rate).ceil()
+        } else {
+            0.0
+        };
+        self.touch_wave_eta.set(seconds.min(i64::MAX as f64) as i64);
+    }
+
+    /// The estimate [`Metrics::set_touch_wave_eta`] last set, in seconds.
+    pub fn touch_wave_eta(&self) -> u64 {
+        u64::try_from(self.touch_wave_eta.get()).unwrap_or(0)
+    }
+
     /// How many ConfigMaps and Secrets the flap guard holds now.
     pub fn set_config_flapping(&self, count: usize) {
         self.config_flapping
@@ -652,6 +677,7 @@ mod tests {
         zero("confighash_touches_in_flight");
         zero("confighash_rollouts_followed");
         zero("confighash_config_flapping_objects");
+        zero("confighash_touch_wave_eta_seconds");
         zero("confighash_config_change_to_rollout_complete_seconds_count");
         for outcome in ROLLOUT_OUTCOMES {
             zero(&format!(

@@ -510,6 +510,8 @@ impl State {
         self.tick(now);
         self.metrics
             .set_touches(self.pending.len(), self.in_flight.len());
+        self.metrics
+            .set_touch_wave_eta(self.pending.len(), self.config.max_touches_per_second);
         self.metrics.set_rollouts_followed(self.following.len());
         std::mem::take(&mut self.effects)
     }
@@ -1176,12 +1178,29 @@ impl State {
             self.rechecked.clear();
             return;
         }
-        let due: Vec<WorkloadKey> = self
-            .pending
-            .iter()
-            .filter(|(k, p)| self.due_at(k, p).is_some_and(|d| d <= now))
-            .map(|(k, _)| k.clone())
-            .collect();
+        // Taken in turns across what caused them (the first changed object, or reconcile), so
+        // that the bucket's tokens go round the changes: a change used by a few workloads is
+        // not queued behind a wave of thousands, in whatever order their names sort.
+        let mut by_cause: BTreeMap<Option<&ConfigKey>, std::collections::VecDeque<&WorkloadKey>> =
+            BTreeMap::new();
+        for (key, pending) in &self.pending {
+            if self.due_at(key, pending).is_some_and(|d| d <= now) {
+                by_cause
+                    .entry(pending.changed.iter().next())
+                    .or_default()
+                    .push_back(key);
+            }
+        }
+        let mut due: Vec<WorkloadKey> = Vec::new();
+        while !by_cause.is_empty() {
+            by_cause.retain(|_, keys| match keys.pop_front() {
+                Some(key) => {
+                    due.push(key.clone());
+                    true
+                }
+                None => false,
+            });
+        }
         for key in due {
             if self.in_flight.contains_key(&key) || self.rechecking.contains(&key) {
                 // Parked until its touch or read in flight is done (`Input::Touched`,

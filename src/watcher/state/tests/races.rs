@@ -208,3 +208,55 @@ fn references_that_cannot_be_read_afresh_back_off_like_a_failed_touch() {
     assert_eq!(t.metric("confighash_touch_retries_total"), 1.0);
     assert_eq!(t.next_wake(), Some(7.1), "retried after retry_base");
 }
+
+#[test]
+fn a_change_of_a_few_workloads_is_not_queued_behind_a_wave() {
+    let mut t = Test::leader(WatcherConfig {
+        max_touches_per_second: 2.0,
+        ..config()
+    });
+    let shared = config_map(NS, "shared", &[("LOG_LEVEL", "info")]);
+    let other = config_map(NS, "other", &[("LOG_LEVEL", "info")]);
+    for (k, v) in [&shared, &other] {
+        t.cluster.insert(k.clone(), v.clone());
+    }
+    let stamped = |t: &Test, w: W| {
+        let stamp = t.expected(&w);
+        w.stamped(&stamp)
+    };
+    let wave: Vec<W> = (0..60)
+        .map(|i| {
+            stamped(
+                &t,
+                deployment(NS, &format!("web-{i:02}"), &[("configMap", "shared")]),
+            )
+        })
+        .collect();
+    // Its name sorts after every workload of the wave.
+    let lone = stamped(&t, deployment(NS, "zz-app", &[("configMap", "other")]));
+    let mut refs: Vec<&W> = wave.iter().collect();
+    refs.push(&lone);
+    t.start(&[(NS, true)], &[shared, other], &refs);
+
+    t.config(1.0, config_map(NS, "shared", &[("LOG_LEVEL", "debug")]));
+    assert_eq!(touches(&t.wake(6.0)).len(), 20, "the bucket's burst");
+    assert_eq!(
+        t.metric("confighash_touch_wave_eta_seconds"),
+        20.0,
+        "40 touches left at 2 a second"
+    );
+    // 40 of the wave wait for tokens, 2 a second, when another ConfigMap changes.
+    t.config(6.1, config_map(NS, "other", &[("LOG_LEVEL", "debug")]));
+    let mut sent = Vec::new();
+    let mut now = 11.1;
+    while sent.len() < 3 {
+        now = t.next_wake().unwrap().max(now);
+        for touch in touches(&t.wake(now)) {
+            sent.push(touch.workload.name.clone());
+        }
+    }
+    assert!(
+        sent[..2].contains(&"zz-app".to_owned()),
+        "the lone workload's touch is among the first two after its window: {sent:?}"
+    );
+}
