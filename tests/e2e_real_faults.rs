@@ -192,33 +192,21 @@ impl Jail {
 
 impl Drop for Jail {
     fn drop(&mut self) {
-        let (config, name) = (self.config.clone(), self.name.clone());
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-                for kind in ["FlowSchema", "PriorityLevelConfiguration"] {
-                    Api::<DynamicObject>::all_with(client.clone(), &flow_control(kind))
-                        .delete(&name, &Default::default())
-                        .await
-                        .map_err(|e| format!("deleting the {kind} {name}: {e}"))?;
-                }
-                Api::<MutatingWebhookConfiguration>::all(client)
+        let name = self.name.clone();
+        let what = format!("deleting the priority level {name}");
+        support::clean_up(self.config.clone(), &what, |client| async move {
+            for kind in ["FlowSchema", "PriorityLevelConfiguration"] {
+                Api::<DynamicObject>::all_with(client.clone(), &flow_control(kind))
                     .delete(&name, &Default::default())
                     .await
-                    .map_err(|e| format!("deleting the webhook configuration {name}: {e}"))?;
-                Ok::<_, String>(())
-            })
-        })
-        .join();
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("real cluster: {e}"),
-            Err(_) => eprintln!("real cluster: deleting the priority level panicked"),
-        }
+                    .map_err(|e| format!("the {kind}: {e}"))?;
+            }
+            Api::<MutatingWebhookConfiguration>::all(client)
+                .delete(&name, &Default::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("the webhook configuration: {e}"))
+        });
     }
 }
 
@@ -449,31 +437,18 @@ impl NoPatch {
 
 impl Drop for NoPatch {
     fn drop(&mut self) {
-        let config = self.config.clone();
         let mut original = self.original.clone();
-        let done = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-                let api: Api<k8s_openapi::api::rbac::v1::ClusterRole> = Api::all(client);
-                let name = original.metadata.name.clone().unwrap_or_default();
-                // Over whatever is stored now.
-                original.metadata.resource_version = None;
-                api.replace(&name, &PostParams::default(), &original)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| format!("restoring the ClusterRole {name}: {e}"))
-            })
-        })
-        .join();
-        match done {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("real cluster: {e}"),
-            Err(_) => eprintln!("real cluster: restoring the ClusterRole panicked"),
-        }
+        let name = original.metadata.name.clone().unwrap_or_default();
+        let what = format!("restoring the ClusterRole {name}");
+        support::clean_up(self.config.clone(), &what, |client| async move {
+            // Over whatever is stored now.
+            original.metadata.resource_version = None;
+            Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(client)
+                .replace(&name, &PostParams::default(), &original)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
     }
 }
 

@@ -81,28 +81,14 @@ impl Drop for Sidecar {
         let Some((config, name)) = self.configuration.take() else {
             return;
         };
-        // The test's runtime cannot be awaited from `drop`: a thread with a runtime and a
-        // client of its own.
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
-            runtime.block_on(async {
-                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-                Api::<MutatingWebhookConfiguration>::all(client)
-                    .delete(&name, &Default::default())
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| format!("deleting the webhook configuration {name}: {e}"))
-            })
-        })
-        .join();
-        match deleted {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("real cluster: {e}"),
-            Err(_) => eprintln!("real cluster: deleting a webhook configuration panicked"),
-        }
+        let what = format!("deleting the webhook configuration {name}");
+        support::clean_up(config, &what, |client| async move {
+            Api::<MutatingWebhookConfiguration>::all(client)
+                .delete(&name, &Default::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
     }
 }
 

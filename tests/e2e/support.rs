@@ -1401,6 +1401,31 @@ impl Drop for Env {
     }
 }
 
+/// Runs `clean` against a real cluster from a `drop`: on a thread with a runtime and a client of
+/// its own (a [`kube::Client`] is bound to the runtime that made it, and the dropped value's
+/// runtime cannot be awaited), and waits for it. A failure is printed with `what`, not raised:
+/// a drop may run while a test panics.
+pub fn clean_up<F, Fut>(config: kube::Config, what: &str, clean: F)
+where
+    F: FnOnce(kube::Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let done = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        runtime.block_on(clean(client))
+    })
+    .join();
+    match done {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("real cluster: {what}: {e}"),
+        Err(_) => eprintln!("real cluster: {what} panicked"),
+    }
+}
+
 /// Deletes the namespaces labelled [`RUN_LABEL`]`=suffix`, best effort: the dropped `Env`'s
 /// runtime cannot be awaited from `drop`, so this runs on a thread of its own with a client of
 /// its own, for up to 30 s.
