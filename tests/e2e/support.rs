@@ -1415,8 +1415,11 @@ where
             .enable_all()
             .build()
             .map_err(|e| e.to_string())?;
-        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-        runtime.block_on(clean(client))
+        // The client's worker task needs the runtime: it is made inside it.
+        runtime.block_on(async move {
+            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            clean(client).await
+        })
     })
     .join();
     match done {
