@@ -217,15 +217,13 @@ async fn reads_refused_by_priority_and_fairness_roll_nothing_then_the_change_rol
     let Some(env) = Env::controlling(TEST, Setup::default()).await else {
         return;
     };
-    let audit = match (env.is_stand_in(), support::audit()) {
-        (false, Some(audit)) => audit,
-        _ => {
-            eprintln!(
-                "skipped: {TEST} needs kube-apiserver's API Priority and Fairness and its audit \
-                 log (the stand-in's injected 429s are in tests/e2e_lifecycle.rs)"
-            );
-            return;
-        }
+    let Some(audit) = real_cluster_audit(
+        &env,
+        TEST,
+        "needs kube-apiserver's API Priority and Fairness and its audit \
+                 log (the stand-in's injected 429s are in tests/e2e_lifecycle.rs)",
+    ) else {
+        return;
     };
     let ns = env.ns("apf");
     env.namespace("apf", true).await;
@@ -306,6 +304,18 @@ async fn reads_refused_by_priority_and_fairness_roll_nothing_then_the_change_rol
     );
 }
 
+/// The real cluster's audit log, for a scenario that needs kube-apiserver; on the stand-in, or
+/// without the log, None, and it says it skips and why (`why` follows the test's name).
+fn real_cluster_audit(env: &Env, test: &str, why: &str) -> Option<&'static support::AuditLog> {
+    match (env.is_stand_in(), support::audit()) {
+        (false, Some(audit)) => Some(audit),
+        _ => {
+            eprintln!("skipped: {test} {why}");
+            None
+        }
+    }
+}
+
 /// Runs `scripts/control-plane.sh VERB` on the real tier's control plane.
 async fn control_plane(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane.sh");
@@ -325,16 +335,14 @@ async fn a_restart_of_kube_apiserver_during_a_change_relists_and_rolls_once() {
     };
     // Env::controlling ran on a real cluster only with the real tier's serve.sh: its control
     // plane is scripts/control-plane.sh's (CONFIGHASH_CONTROL_PLANE_DIR, as the tier sets it).
-    let audit = match (env.is_stand_in(), support::audit()) {
-        (false, Some(audit)) => audit,
-        _ => {
-            eprintln!(
-                "skipped: {TEST} restarts kube-apiserver: it needs the real tier's control plane \
+    let Some(audit) = real_cluster_audit(
+        &env,
+        TEST,
+        "restarts kube-apiserver: it needs the real tier's control plane \
                  and its audit log (the stand-in's dropped watches and 410s are in \
-                 tests/e2e_lifecycle.rs)"
-            );
-            return;
-        }
+                 tests/e2e_lifecycle.rs)",
+    ) else {
+        return;
     };
     env.namespace("restart", true).await;
     env.config_map("restart", "app-env", &[("LOG_LEVEL", "info")])
@@ -459,16 +467,14 @@ async fn touches_refused_by_the_real_rbac_record_one_touch_failed_and_land_once_
     let Some(env) = Env::controlling(TEST, Setup::default()).await else {
         return;
     };
-    let audit = match (env.is_stand_in(), support::audit()) {
-        (false, Some(audit)) => audit,
-        _ => {
-            eprintln!(
-                "skipped: {TEST} edits the chart's ClusterRole on a real cluster and counts \
+    let Some(audit) = real_cluster_audit(
+        &env,
+        TEST,
+        "edits the chart's ClusterRole on a real cluster and counts \
                  confighash's requests in its audit log (the stand-in's RBAC change is in \
-                 tests/e2e_lifecycle.rs)"
-            );
-            return;
-        }
+                 tests/e2e_lifecycle.rs)",
+    ) else {
+        return;
     };
     let ns = env.ns("rbac");
     env.namespace("rbac", true).await;

@@ -245,14 +245,7 @@ impl ApiServer {
     /// Fails the next `count` requests with this verb (None: any) on this resource plural (None:
     /// any) with `status` (500 or 429, which gets `Retry-After: 1`).
     pub fn fail_next(&self, verb: Option<&str>, resource: Option<&str>, count: u32, status: u16) {
-        lock(&self.shared.faults).active.push(Fault {
-            user_agent: None,
-            verb: verb.map(str::to_owned),
-            resource: resource.map(str::to_owned),
-            remaining: count,
-            fraction: None,
-            status,
-        });
+        self.add_fault(None, verb, resource, count, None, status);
     }
 
     /// As [`ApiServer::fail_next`], for requests whose User-Agent starts with `user_agent` only
@@ -265,12 +258,24 @@ impl ApiServer {
         count: u32,
         status: u16,
     ) {
+        self.add_fault(Some(user_agent), verb, resource, count, None, status);
+    }
+
+    fn add_fault(
+        &self,
+        user_agent: Option<&str>,
+        verb: Option<&str>,
+        resource: Option<&str>,
+        remaining: u32,
+        fraction: Option<f64>,
+        status: u16,
+    ) {
         lock(&self.shared.faults).active.push(Fault {
-            user_agent: Some(user_agent.to_owned()),
+            user_agent: user_agent.map(str::to_owned),
             verb: verb.map(str::to_owned),
             resource: resource.map(str::to_owned),
-            remaining: count,
-            fraction: None,
+            remaining,
+            fraction: fraction.map(|f| f.clamp(0.0, 1.0)),
             status,
         });
     }
@@ -286,14 +291,7 @@ impl ApiServer {
         fraction: f64,
         status: u16,
     ) {
-        lock(&self.shared.faults).active.push(Fault {
-            user_agent: None,
-            verb: verb.map(str::to_owned),
-            resource: resource.map(str::to_owned),
-            remaining: 0,
-            fraction: Some(fraction.clamp(0.0, 1.0)),
-            status,
-        });
+        self.add_fault(None, verb, resource, 0, Some(fraction), status);
     }
 
     /// As [`ApiServer::fail_fraction`], for requests whose User-Agent starts with `user_agent`
@@ -306,14 +304,7 @@ impl ApiServer {
         fraction: f64,
         status: u16,
     ) {
-        lock(&self.shared.faults).active.push(Fault {
-            user_agent: Some(user_agent.to_owned()),
-            verb: verb.map(str::to_owned),
-            resource: resource.map(str::to_owned),
-            remaining: 0,
-            fraction: Some(fraction.clamp(0.0, 1.0)),
-            status,
-        });
+        self.add_fault(Some(user_agent), verb, resource, 0, Some(fraction), status);
     }
 
     /// Removes every injected fault that is still active (the record stays).
