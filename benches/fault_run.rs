@@ -58,8 +58,8 @@ use std::time::{Duration, Instant};
 use apiserver::ApiServer;
 use base64::Engine;
 use confighash::admin::metrics::Metrics;
-use confighash::core::checksum::{ObjectView, RefState, StampKey, compute_stamp, is_ignored};
-use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
+use confighash::core::checksum::StampKey;
+use confighash::core::refs::{self, ObjectKind, References, Selection};
 use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::ByteString;
@@ -292,50 +292,6 @@ struct Workload {
 
 fn object_key(ns: &str, kind: ObjectKind, name: &str) -> (String, ObjectKind, String) {
     (ns.to_owned(), kind, name.to_owned())
-}
-
-/// The recipe over the model (or read-back) objects of namespace `ns`: the stamp, and whether a
-/// required reference is absent.
-fn recipe(
-    key: &StampKey,
-    ns: &str,
-    refs: &References,
-    cms: &BTreeMap<String, ConfigMap>,
-    secrets: &BTreeMap<String, Secret>,
-) -> Result<(String, bool), String> {
-    let mut views: HashMap<ObjectRef, Option<ObjectView<'_>>> = HashMap::new();
-    let mut required_absent = false;
-    for (r, spec) in refs.iter() {
-        let found = match r.kind {
-            ObjectKind::ConfigMap => cms.get(&r.name).map(|cm| {
-                (
-                    is_ignored(cm.metadata.annotations.as_ref()),
-                    ObjectView::config_map(cm).map_err(|e| e.to_string()),
-                )
-            }),
-            ObjectKind::Secret => secrets.get(&r.name).map(|s| {
-                (
-                    is_ignored(s.metadata.annotations.as_ref()),
-                    Ok(ObjectView::secret(s)),
-                )
-            }),
-        };
-        match found {
-            None => required_absent |= !spec.optional,
-            Some((true, _)) => {
-                views.insert(r.clone(), None);
-            }
-            Some((false, view)) => {
-                views.insert(r.clone(), Some(view?));
-            }
-        }
-    }
-    let stamp = compute_stamp(Some(key), ns, refs, |r| match views.get(r) {
-        None => RefState::Absent,
-        Some(None) => RefState::Ignored,
-        Some(Some(v)) => RefState::Present(v),
-    });
-    Ok((String::from(stamp), required_absent))
 }
 
 fn cm_data(name: &str, keys: &[&str], binary: bool) -> ConfigMap {
@@ -1008,7 +964,7 @@ impl Run {
         for w in deps {
             let wl = &mut self.workloads[w];
             let (stamp, required_absent) =
-                recipe(&self.key, ns, &wl.refs, &model.cms, &model.secrets).expect("the recipe");
+                support::recipe(&self.key, ns, &wl.refs, &model.cms, &model.secrets).expect("the recipe");
             // Rule 2: while a required reference is absent the stamp is kept.
             if !required_absent && stamp != wl.decided {
                 wl.decided = stamp.clone();
@@ -1425,7 +1381,7 @@ fn observe(
         Some(spec) => {
             let refs = refs::discover(spec, meta.annotations.as_ref());
             let ns = meta.namespace.as_deref().unwrap_or_default();
-            match recipe(key, ns, &refs, &config.cms, &config.secrets) {
+            match support::recipe(key, ns, &refs, &config.cms, &config.secrets) {
                 Ok((_, true)) => Err("a required reference is absent".to_owned()),
                 Ok((s, false)) => Ok(s),
                 Err(e) => Err(e),
@@ -1740,7 +1696,7 @@ async fn run_inner(size: Size, seed: u64) -> Result<bool, String> {
         let manifest = b.build(kind, &name, unmounted.as_deref());
         let refs = template_refs(&manifest)?;
         let model = &config[&ns];
-        let (stamp, required_absent) = recipe(&key, &ns, &refs, &model.cms, &model.secrets)?;
+        let (stamp, required_absent) = support::recipe(&key, &ns, &refs, &model.cms, &model.secrets)?;
         if required_absent {
             return Err(format!(
                 "bench bug: {ns}/{name} has a required reference that is absent"

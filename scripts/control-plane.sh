@@ -6,6 +6,7 @@
 #   scripts/control-plane.sh env    # print `export KUBECONFIG=...` and the rest for a shell
 #   scripts/control-plane.sh down   # stop every process `up` started, by pid
 #   scripts/control-plane.sh restart kube-apiserver ...   # stop and start components again
+#   scripts/control-plane.sh compact   # compact etcd's history up to its current revision
 #
 # The binaries come from scripts/install-control-plane.sh (built from Go modules, cached). Every
 # listener is on 127.0.0.1, the Service ClusterIP range is 127.96.0.0/16 and kwok's pod CIDR
@@ -45,7 +46,7 @@ fail() {
 }
 
 usage() {
-    echo "usage: scripts/control-plane.sh up|down|env|restart COMPONENT..." >&2
+    echo "usage: scripts/control-plane.sh up|down|env|compact|restart COMPONENT..." >&2
     exit 2
 }
 
@@ -325,6 +326,22 @@ restart() {
     say "restarted $* in $((SECONDS - began)) s"
 }
 
+# Compacts etcd up to its current revision, through its JSON gateway, as kube-apiserver does
+# every five minutes: every watch that resumes from an older resourceVersion, in etcd or in a
+# watch cache that starts again (a restart of kube-apiserver), then gets 410 Gone.
+compact() {
+    local command url revision
+    command=$(cat "$STATE/etcd.command" 2>/dev/null) || fail "no $STATE/etcd.command: run 'scripts/control-plane.sh up' again"
+    url=$(sed -n 's/.*--advertise-client-urls \([^ ]*\).*/\1/p' <<<"$command")
+    [ -n "$url" ] || fail "no --advertise-client-urls in $STATE/etcd.command"
+    revision=$(curl -sf -X POST "$url/v3/kv/range" -d '{"key":"AA=="}' |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)["header"]["revision"])') ||
+        fail "could not read etcd's revision at $url"
+    curl -sf -X POST "$url/v3/kv/compaction" -d "{\"revision\":\"$revision\",\"physical\":true}" >/dev/null ||
+        fail "etcd at $url did not compact to revision $revision"
+    say "compacted etcd to revision $revision"
+}
+
 env_() {
     [ -f "$STATE/admin.kubeconfig" ] || fail "no control plane in $STATE: run 'scripts/control-plane.sh up'"
     running || say "warning: the control plane in $STATE is not running"
@@ -338,6 +355,7 @@ case "${1:-}" in
 up) up ;;
 down) down ;;
 env) env_ ;;
+compact) compact ;;
 restart)
     shift
     restart "$@"

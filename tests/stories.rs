@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -637,18 +636,6 @@ async fn story_11_a_cron_job_gets_the_new_config_for_its_next_job_and_starts_non
     );
 }
 
-/// Which replica holds the Lease on a real cluster (identities are `confighash-local-N_...`).
-async fn leader_replica(env: &Env) -> Option<u8> {
-    let lease = Api::<Lease>::namespaced(env.client.clone(), "confighash")
-        .get_opt("confighash")
-        .await
-        .unwrap()?;
-    let holder = lease.spec?.holder_identity?;
-    let rest = holder.strip_prefix("confighash-local-")?;
-    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    digits.parse().ok()
-}
-
 #[tokio::test]
 async fn story_12_the_leader_killed_during_a_change_still_rolls_once() {
     const TEST: &str = "story_12_the_leader_killed_during_a_change_still_rolls_once";
@@ -697,7 +684,7 @@ async fn story_12_the_leader_killed_during_a_change_still_rolls_once() {
                 .position(|(l, _, _)| l.is_leader())
                 .map(|i| i as u8)
         } else {
-            leader_replica(&env).await
+            support::leader_replica(&env).await
         }
     };
     env.eventually("a leader", || async { leader().await.is_some() })

@@ -17,7 +17,7 @@
 
 #![allow(dead_code)] // Each test file uses its own part of this module.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +26,8 @@ use base64::Engine;
 use confighash::admin::metrics::Metrics;
 use confighash::app::{self, App};
 use confighash::certs::key::KeyStore;
-use confighash::core::checksum::StampKey;
+use confighash::core::checksum::{ObjectView, RefState, StampKey, compute_stamp, is_ignored};
+use confighash::core::refs::{ObjectKind, ObjectRef, References};
 use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
 use confighash::webhook::server::Running;
@@ -1711,6 +1712,66 @@ impl AuditLog {
             .filter(|r| WORKLOAD_RESOURCES.contains(&r.resource.as_str()))
             .collect()
     }
+}
+
+/// The recipe over objects a run knows (its model, or what it read back) of namespace `ns`: the stamp, and whether a
+/// required reference is absent.
+pub fn recipe(
+    key: &StampKey,
+    ns: &str,
+    refs: &References,
+    cms: &BTreeMap<String, ConfigMap>,
+    secrets: &BTreeMap<String, Secret>,
+) -> Result<(String, bool), String> {
+    let mut views: HashMap<ObjectRef, Option<ObjectView<'_>>> = HashMap::new();
+    let mut required_absent = false;
+    for (r, spec) in refs.iter() {
+        let found = match r.kind {
+            ObjectKind::ConfigMap => cms.get(&r.name).map(|cm| {
+                (
+                    is_ignored(cm.metadata.annotations.as_ref()),
+                    ObjectView::config_map(cm).map_err(|e| e.to_string()),
+                )
+            }),
+            ObjectKind::Secret => secrets.get(&r.name).map(|s| {
+                (
+                    is_ignored(s.metadata.annotations.as_ref()),
+                    Ok(ObjectView::secret(s)),
+                )
+            }),
+        };
+        match found {
+            None => required_absent |= !spec.optional,
+            Some((true, _)) => {
+                views.insert(r.clone(), None);
+            }
+            Some((false, view)) => {
+                views.insert(r.clone(), Some(view?));
+            }
+        }
+    }
+    let stamp = compute_stamp(Some(key), ns, refs, |r| match views.get(r) {
+        None => RefState::Absent,
+        Some(None) => RefState::Ignored,
+        Some(Some(v)) => RefState::Present(v),
+    });
+    Ok((String::from(stamp), required_absent))
+}
+
+/// The replica of the real tier's `serve.sh` that holds confighash's Lease (its identity is
+/// `confighash-local-N`), if any.
+pub async fn leader_replica(env: &Env) -> Option<u8> {
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        env.client.clone(),
+        "confighash",
+    )
+    .get_opt("confighash")
+    .await
+    .unwrap()?;
+    let holder = lease.spec?.holder_identity?;
+    let rest = holder.strip_prefix("confighash-local-")?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// Runs the real tier's `serve.sh VERB N` ([`SERVE`]) and fails the scenario if it fails.
