@@ -42,12 +42,24 @@
 //! printed in the schedule, e.g. `Patch429,Lookup429`, to leave out while narrowing a finding
 //! down; a run that skips any is not a recorded run).
 //!
+//! **Real-cluster mode.** With the real tier's environment (`CONFIGHASH_E2E_KUBECONFIG` and the
+//! rest: `CONFIGHASH_REAL_KEEP=1 scripts/real-tier.sh`, then `source <dir>/e2e.env`), this runs
+//! `tests/e2e/real_fault_run.rs` instead: the faults a real control plane makes (a leader killed,
+//! etcd compacted and kube-apiserver restarted, reads refused by API Priority and Fairness,
+//! kube-controller-manager restarted), checked from the revisions, the audit log's stored stamps
+//! and the Events. The real tier runs it at its own size on every CI run
+//! (`tests/e2e_real_fault_run.rs`).
+//!
 //! `cargo bench --bench fault_run`. Without `--bench` (as `cargo test --benches` runs it): 12
 //! workloads, 24 changes over 3 s, every check, and every fault but the touch PATCH 429s (their
 //! retries would hold quiescence for most of a minute); `--list` lists nothing.
 
 #[path = "common/mode.rs"]
 mod mode;
+#[path = "../tests/e2e/real.rs"]
+mod real;
+#[path = "../tests/e2e/real_fault_run.rs"]
+mod real_fault_run;
 #[path = "../tests/e2e/support.rs"]
 mod support;
 
@@ -152,10 +164,7 @@ fn main() {
         Err(_) => rand::random::<u64>(),
     };
     if std::env::var_os("CONFIGHASH_E2E_KUBECONFIG").is_some() {
-        eprintln!(
-            "fault_run injects faults into the in-memory API server: unset CONFIGHASH_E2E_KUBECONFIG"
-        );
-        std::process::exit(2);
+        std::process::exit(run_real(mode, seed));
     }
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
@@ -172,6 +181,37 @@ fn main() {
     let ok = rt.block_on(run(size, seed));
     // The replicas' and servers' tasks are not waited for.
     std::process::exit(if ok { 0 } else { 1 });
+}
+
+/// The real-cluster mode (`tests/e2e/real_fault_run.rs`), on the control plane the real tier's
+/// environment names (`CONFIGHASH_REAL_KEEP=1 scripts/real-tier.sh`, then
+/// `source $CONFIGHASH_CONTROL_PLANE_DIR/e2e.env`): its bench size with `--bench`, the real
+/// tier's without. Returns the exit code.
+fn run_real(mode: Mode, seed: u64) -> i32 {
+    let size = match mode {
+        Mode::Full => real_fault_run::Size::bench(),
+        Mode::Smoke => real_fault_run::Size::tier(),
+    };
+    println!("fault run on a real control plane: seed {seed}, {size:?}");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        if support::audit().is_none() {
+            eprintln!("the real-cluster fault run needs CONFIGHASH_E2E_AUDIT_LOG (the real tier's e2e.env)");
+            return 2;
+        }
+        let Some(env) = Env::controlling("fault_run", Setup::default()).await else {
+            return 2;
+        };
+        let report = real_fault_run::run(&env, &size, seed).await;
+        println!("{}", report.table);
+        for v in &report.violations {
+            println!("VIOLATION: {v}");
+        }
+        i32::from(!report.violations.is_empty())
+    })
 }
 
 fn secs(d: Duration) -> f64 {
@@ -964,7 +1004,8 @@ impl Run {
         for w in deps {
             let wl = &mut self.workloads[w];
             let (stamp, required_absent) =
-                support::recipe(&self.key, ns, &wl.refs, &model.cms, &model.secrets).expect("the recipe");
+                support::recipe(&self.key, ns, &wl.refs, &model.cms, &model.secrets)
+                    .expect("the recipe");
             // Rule 2: while a required reference is absent the stamp is kept.
             if !required_absent && stamp != wl.decided {
                 wl.decided = stamp.clone();
@@ -1696,7 +1737,8 @@ async fn run_inner(size: Size, seed: u64) -> Result<bool, String> {
         let manifest = b.build(kind, &name, unmounted.as_deref());
         let refs = template_refs(&manifest)?;
         let model = &config[&ns];
-        let (stamp, required_absent) = support::recipe(&key, &ns, &refs, &model.cms, &model.secrets)?;
+        let (stamp, required_absent) =
+            support::recipe(&key, &ns, &refs, &model.cms, &model.secrets)?;
         if required_absent {
             return Err(format!(
                 "bench bug: {ns}/{name} has a required reference that is absent"

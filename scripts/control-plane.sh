@@ -156,6 +156,14 @@ rules:
   - level: Metadata
     userGroups: ["system:serviceaccounts"]
     resources: [{group: "", resources: [secrets]}]
+  # The workload a write stored: the fault run reads each touch's stored stamp from it.
+  - level: RequestResponse
+    userGroups: ["system:serviceaccounts"]
+    verbs: [patch, update]
+    resources:
+      - {group: apps, resources: [deployments, statefulsets, daemonsets]}
+      - {group: batch, resources: [cronjobs]}
+      - {group: argoproj.io, resources: [rollouts]}
   - level: Request
     userGroups: ["system:serviceaccounts"]
     verbs: [create, update, patch, delete, deletecollection]

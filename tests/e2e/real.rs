@@ -231,7 +231,6 @@ impl Drop for Jail {
     }
 }
 
-
 /// Runs `scripts/control-plane.sh VERB` on the real tier's control plane.
 pub async fn control_plane(args: &[&str]) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane.sh");

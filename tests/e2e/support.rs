@@ -853,6 +853,7 @@ impl Env {
                     namespace: r.namespace,
                     name: r.name,
                     code: 0,
+                    stored_stamp: None,
                 })
                 .collect(),
             None => audit()
@@ -1603,6 +1604,9 @@ pub struct Audited {
     pub namespace: String,
     pub name: String,
     pub code: u16,
+    /// For a write to a workload: the stamp of the pod template the API server stored, as its
+    /// answer says (the audit policy records answers of workload writes).
+    pub stored_stamp: Option<String>,
 }
 
 impl std::fmt::Display for Audited {
@@ -1687,6 +1691,20 @@ impl AuditLog {
                     .pointer("/responseStatus/code")
                     .and_then(Value::as_u64)
                     .unwrap_or(0) as u16,
+                stored_stamp: [
+                    "/responseObject/spec/template",
+                    "/responseObject/spec/jobTemplate/spec/template",
+                ]
+                .iter()
+                .find_map(|template| {
+                    entry
+                        .pointer(&format!(
+                            "{template}/metadata/annotations/{}",
+                            STAMP.replace('/', "~1")
+                        ))
+                        .and_then(Value::as_str)
+                })
+                .map(str::to_owned),
             });
         }
         read.1.clone()
