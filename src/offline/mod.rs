@@ -11,6 +11,8 @@
 //! As paths, checked by [`crate::contracts`]: no `crate::admin`, `crate::app`, `crate::certs`,
 //! `crate::cluster`, `crate::explain`, `crate::watcher`, `crate::webhook`.
 
+pub mod yaml;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
@@ -76,6 +78,8 @@ struct Doc<'a> {
     separator: &'a str,
     body: &'a str,
     value: Value,
+    /// Keys given twice in one map: (line in the document, key); the last value was kept.
+    duplicates: Vec<(usize, String)>,
     changed: bool,
 }
 
@@ -97,6 +101,19 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
     for (i, source) in sources.iter().enumerate() {
         for (index, (line, separator, body)) in split(&source.text).into_iter().enumerate() {
             docs.push(parse(sources, i, index + 1, line, separator, body)?);
+        }
+    }
+
+    let mut out = Output::default();
+    for doc in &docs {
+        for (line, key) in &doc.duplicates {
+            out.warnings.push(format!(
+                "{}: document {} (line {}): the key {key:?} is given twice in one map; the last \
+                 value is used, as kubectl does (kubectl --validate=strict refuses it)",
+                sources[doc.source].name,
+                doc.index,
+                doc.line + line - 1
+            ));
         }
     }
 
@@ -145,7 +162,6 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         }
     }
 
-    let mut out = Output::default();
     for &place in &places {
         let mut obj = object(&docs, place);
         let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
@@ -284,30 +300,23 @@ fn parse<'a>(
         separator,
         body,
         value: Value::Null,
+        duplicates: Vec::new(),
         changed: false,
     };
     if body.trim().is_empty() {
         return Ok(doc);
     }
-    match serde_saphyr::from_str::<Value>(body) {
-        Ok(value) => doc.value = value,
+    match yaml::parse(body) {
+        Ok(read) => {
+            doc.value = read.value;
+            doc.duplicates = read.duplicates;
+        }
         Err(e) => {
-            let location = e.location();
-            let line = location.map_or(line, |l| line + l.line() as usize - 1);
-            let mut message = first_line(&e.to_string());
-            // The parser's own location is relative to the document; ours replaces it.
-            message = message.trim_start_matches("error: ").to_owned();
-            if let Some(l) = location {
-                let prefix = format!("line {} column {}: ", l.line(), l.column());
-                if let Some(rest) = message.strip_prefix(&prefix) {
-                    message = format!("column {}: {rest}", l.column());
-                }
-            }
             return Err(InputError {
                 source_name: sources[source].name.clone(),
                 document: index,
-                line,
-                message: format!("not valid YAML: {message}"),
+                line: line + e.line.max(1) - 1,
+                message: format!("not valid YAML: column {}: {}", e.column, e.message),
             });
         }
     }
@@ -319,10 +328,6 @@ fn parse<'a>(
         ));
     }
     Ok(doc)
-}
-
-fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or_default().trim().to_owned()
 }
 
 fn is_list(v: &Value) -> bool {
