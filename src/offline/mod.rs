@@ -117,6 +117,13 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         }
     }
 
+    for doc in &mut docs {
+        match doc.value.get_mut("items").and_then(Value::as_array_mut) {
+            Some(items) => items.iter_mut().for_each(nulls_as_the_server_reads_them),
+            None => nulls_as_the_server_reads_them(&mut doc.value),
+        }
+    }
+
     let mut places = Vec::new();
     for (d, doc) in docs.iter().enumerate() {
         match doc.value.get("items").and_then(Value::as_array) {
@@ -328,6 +335,29 @@ fn parse<'a>(
         ));
     }
     Ok(doc)
+}
+
+/// The maps of strings the recipe and the rules read, where the API server decodes a null value
+/// as the empty string (Go's JSON leaves a string at its zero value): so must we.
+fn nulls_as_the_server_reads_them(obj: &mut Value) {
+    const MAPS: [&str; 9] = [
+        "/metadata/labels",
+        "/metadata/annotations",
+        "/data",
+        "/stringData",
+        "/binaryData",
+        "/spec/template/metadata/labels",
+        "/spec/template/metadata/annotations",
+        "/spec/jobTemplate/spec/template/metadata/labels",
+        "/spec/jobTemplate/spec/template/metadata/annotations",
+    ];
+    for pointer in MAPS {
+        if let Some(Value::Object(map)) = obj.pointer_mut(pointer) {
+            for value in map.values_mut().filter(|v| v.is_null()) {
+                *value = Value::String(String::new());
+            }
+        }
+    }
 }
 
 fn is_list(v: &Value) -> bool {

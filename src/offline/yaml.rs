@@ -436,8 +436,10 @@ fn resolve(text: &str) -> Resolved {
             if let Some(u) = go_parse_uint(&plain) {
                 return Resolved::Uint(u);
             }
+            // Go's ParseFloat refuses what overflows (Rust's gives infinity).
             if is_yaml_float(&plain)
                 && let Ok(f) = plain.parse::<f64>()
+                && f.is_finite()
             {
                 return Resolved::Float(f);
             }
@@ -547,7 +549,7 @@ fn go_parse_uint(s: &str) -> Option<u64> {
 /// optional exponent (Go's other spellings cannot start with `.`).
 fn go_parse_float(s: &str) -> Option<f64> {
     if is_yaml_float(s) {
-        s.parse().ok()
+        s.parse().ok().filter(|f: &f64| f.is_finite())
     } else {
         None
     }

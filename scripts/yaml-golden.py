@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""kubectl's reading of the YAML 1.1 corpus, the golden file `cargo test` checks `stamp` against.
+
+    scripts/yaml-golden.py KUBECTL KUBECONFIG [--check]
+
+tests/data/yaml11/cases.json holds scalar forms and the documents (contexts) each is written
+into, at @FORM@. For every (context, form) this runs the pinned kubectl (scripts/install-control-plane.sh
+builds it) against a control plane (it needs discovery):
+
+- `kubectl create --dry-run=client -o json --validate=false -f -`: kubectl's parse, the value at
+  the context's pointer, or that kubectl refused the document;
+- `kubectl create --dry-run=server -o json --validate=strict -f -`: whether the API server takes
+  it with strict field validation: `accepted`, `wrong-type` (it cannot decode the document's
+  types) or `invalid` (its validation refuses a value: a range, a name's syntax).
+
+and writes tests/data/yaml11/golden.json, or with --check fails when what it would write differs
+from the committed file (the real tier runs it so).
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "tests/data/yaml11/cases.json"
+GOLDEN = ROOT / "tests/data/yaml11/golden.json"
+
+
+def pointer(value, path):
+    for part in path.split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(value, list):
+            value = value[int(part)]
+        elif isinstance(value, dict) and part in value:
+            value = value[part]
+        else:
+            return None
+    return value
+
+
+def kubectl(kubectl, kubeconfig, args, doc):
+    return subprocess.run(
+        [kubectl, "--kubeconfig", kubeconfig, "create", "-f", "-", "-o", "json", *args],
+        input=doc.encode(),
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    exe, kubeconfig = sys.argv[1], sys.argv[2]
+    check = "--check" in sys.argv[3:]
+    cases = json.loads(CASES.read_text())
+    golden = []
+    for name, context in cases["contexts"].items():
+        for form in cases["forms"]:
+            doc = context["doc"].replace("@FORM@", form)
+            parsed = kubectl(exe, kubeconfig, ["--dry-run=client", "--validate=false"], doc)
+            entry = {"context": name, "form": form}
+            if parsed.returncode == 0:
+                entry["parse"] = {"value": pointer(json.loads(parsed.stdout), context["pointer"])}
+            else:
+                entry["parse"] = {"refused": True}
+            strict = kubectl(exe, kubeconfig, ["--dry-run=server", "--validate=strict"], doc)
+            if strict.returncode == 0:
+                entry["strict"] = "accepted"
+            elif b" is invalid: " in strict.stderr:
+                # The API server's validation of values (ranges, name syntax).
+                entry["strict"] = "invalid"
+            else:
+                # The document's types: it cannot be decoded.
+                entry["strict"] = "wrong-type"
+            golden.append(entry)
+    text = json.dumps(golden, indent=1, sort_keys=True) + "\n"
+    if check:
+        if not GOLDEN.exists() or GOLDEN.read_text() != text:
+            Path(str(GOLDEN) + ".new").write_text(text)
+            sys.exit(
+                f"yaml-golden.py: kubectl's reading differs from {GOLDEN.relative_to(ROOT)}; "
+                f"the new one is in {GOLDEN.name}.new beside it"
+            )
+        print(f"yaml-golden.py: {len(golden)} cases read by kubectl as {GOLDEN.name} says")
+    else:
+        GOLDEN.write_text(text)
+        print(f"yaml-golden.py: wrote {len(golden)} cases")
+
+
+if __name__ == "__main__":
+    main()
