@@ -285,7 +285,9 @@ fn merge_into(map: &mut Map<String, Value>, value: Value) -> Result<(), String> 
                 match item {
                     Value::Object(merged) => map.extend(merged),
                     _ => {
-                        return Err("map merge requires map or sequence of maps as the value".into());
+                        return Err(
+                            "map merge requires map or sequence of maps as the value".into()
+                        );
                     }
                 }
             }
