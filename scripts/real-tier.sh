@@ -15,6 +15,8 @@
 #    as the chart's ServiceAccount with a token from the TokenRequest API: the chart's RBAC is
 #    exactly what it gets. It makes its certificate (with --self-signed-name 127.0.0.1) and writes
 #    the caBundle into the chart's MutatingWebhookConfiguration, which the API server calls.
+# 3a. Checks that the pinned kubectl reads the YAML corpus of tests/data/yaml11 as the golden
+#    file that `cargo test` holds `stamp` to says (scripts/yaml-golden.py --check).
 # 4. Runs the e2e scenarios and the user stories against it (CONFIGHASH_E2E_KUBECONFIG), counting
 #    rollouts from the revisions the cluster keeps and confighash's writes from the API server's
 #    audit log, and writes the stories' table ($STATE/user-stories.md; docs/user-stories.md is a
@@ -94,6 +96,11 @@ cleanup() {
 trap cleanup EXIT
 "$HERE/control-plane.sh" up
 phase "control plane up"
+
+# stamp reads YAML as this kubectl does: its reading of the corpus must be the committed one.
+python3 "$HERE/yaml-golden.py" "$BIN/kubectl" "$STATE/admin.kubeconfig" --check ||
+    fail "kubectl reads tests/data/yaml11/cases.json otherwise than tests/data/yaml11/golden.json says (scripts/yaml-golden.py)"
+phase "kubectl's YAML reading checked"
 
 # --- the chart, judged by the real API server ---
 render() { # values...
