@@ -381,7 +381,7 @@ fn invalid_objects_get_clear_errors() {
         ("- a\n- b\n", "must be a map"),
         (
             "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec: {template: {spec: {containers: 3}}}\n",
-            "Deployment: the pod spec is not valid",
+            "Deployment d: spec.template.spec.containers: invalid type",
         ),
         (
             "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
@@ -462,4 +462,135 @@ fn read_errors_name_the_path() {
     assert!(err.contains("more than once"), "{err}");
     let out = confighash(&["stamp"], None);
     assert!(!out.status.success());
+}
+
+/// A rendered chart's StatefulSet, as charts write file modes: YAML 1.1 octal.
+const CHART_STATEFUL_SET: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: redis-scripts
+data:
+  start.sh: echo start
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata:
+  name: redis
+spec:
+  serviceName: redis
+  selector:
+    matchLabels: {app: redis}
+  template:
+    metadata:
+      labels: {app: redis}
+    spec:
+      containers:
+        - name: redis
+          image: redis
+          volumeMounts:
+            - {name: start-scripts, mountPath: /scripts}
+      volumes:
+        - name: config
+          emptyDir: {}
+        - name: data
+          emptyDir: {}
+        - name: start-scripts
+          configMap:
+            name: redis-scripts
+            defaultMode: 0755
+            items:
+              - {key: start.sh, path: start.sh, mode: 0400}
+";
+
+#[test]
+fn file_modes_written_in_octal_read_as_kubectl_reads_them() {
+    let (out, _) = ok(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        Some(CHART_STATEFUL_SET),
+    );
+    assert!(out.contains("confighash.dev/checksum: v2:plain:"), "{out}");
+    // 0755 is 493 and 0400 is 256, as kubectl sends them.
+    assert!(out.contains("defaultMode: 493"), "{out}");
+    assert!(out.contains("mode: 256"), "{out}");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_is_named_by_its_field_path_and_line() {
+    let input = CHART_STATEFUL_SET.replace("defaultMode: 0755", "defaultMode: 1.5");
+    let err = fails(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        Some(&input),
+    );
+    // The file, the document, its line of the field, the kind and name, the field path.
+    assert!(
+        err.contains("standard input: document 2 (line 33): StatefulSet redis: spec.template.spec.volumes[2].configMap.defaultMode: invalid type: floating point `1.5`, expected i32"),
+        "{err}"
+    );
+    assert!(!err.contains("line 0"), "{err}");
+    assert!(!err.to_lowercase().contains("option"), "{err}");
+    // In a ConfigMap too.
+    let err = fails(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        Some(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: x\n  PORT: 8080\n",
+        ),
+    );
+    assert!(
+        err.contains("document 1 (line 7): ConfigMap c: data.PORT: invalid type: integer `8080`, expected a string"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lists_of_any_kind_are_read_item_by_item() {
+    for kind in ["List", "DeploymentList"] {
+        let input = format!(
+            "apiVersion: v1\nkind: {kind}\nitems:\n  - apiVersion: v1\n    kind: ConfigMap\n    metadata: {{name: app-env}}\n    data: {{A: b}}\n  - apiVersion: apps/v1\n    kind: Deployment\n    metadata: {{name: web}}\n    spec:\n      selector: {{matchLabels: {{app: web}}}}\n      template:\n        metadata: {{labels: {{app: web}}}}\n        spec:\n          containers: [{{name: c, image: i, envFrom: [{{configMapRef: {{name: app-env}}}}]}}]\n"
+        );
+        let (out, _) = ok(
+            &["stamp", "--namespace", "default", "-f", "-"],
+            Some(&input),
+        );
+        assert!(
+            out.contains("confighash.dev/checksum: v2:plain:"),
+            "{kind}: {out}"
+        );
+        // An error inside an item names its line.
+        let bad = input.replace(
+            "containers: [{name: c, image: i,",
+            "containers: [{name: 7, image: i,",
+        );
+        let err = fails(&["stamp", "--namespace", "default", "-f", "-"], Some(&bad));
+        assert!(
+            err.contains("(line 16)")
+                && err.contains("Deployment web: spec.template.spec.containers[0].name"),
+            "{kind}: {err}"
+        );
+    }
+}
+
+#[test]
+fn an_opted_out_workload_is_copied_byte_for_byte_even_when_its_pod_spec_would_not_parse() {
+    let input = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: legacy\n  labels: {confighash.dev/enabled: \"false\"}\nspec:\n  template:\n    spec:\n      containers: 3   # odd, but not ours\n";
+    let (out, _) = ok(&["stamp", "--namespace", "default", "-f", "-"], Some(input));
+    assert_eq!(out, input);
+    let (report, _) = ok(
+        &["stamp", "--explain", "--namespace", "default", "-f", "-"],
+        Some(input),
+    );
+    assert!(
+        report.contains("skipped: labelled confighash.dev/enabled=false"),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_key_given_twice_keeps_its_last_value_with_a_warning() {
+    let input = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata:\n  A: one\n  A: two\n";
+    let (out, err) = ok(&["stamp", "--namespace", "default", "-f", "-"], Some(input));
+    assert_eq!(out, input);
+    assert!(
+        err.contains("document 1 (line 6): the key \"A\" is given twice"),
+        "{err}"
+    );
 }

@@ -11,7 +11,6 @@ use crate::core::names::{
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PodSpec;
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::core::refs::{self, References};
@@ -93,8 +92,101 @@ pub enum WorkloadError {
     },
     #[error("{kind} has no pod template at .{path}")]
     NoTemplate { kind: WorkloadKind, path: String },
-    #[error("the pod spec is not valid: {}", crate::core::json::error_text(.0))]
-    PodSpec(#[source] serde_json::Error),
+    /// The pod spec does not decode: where (its field path from the object's root, as
+    /// `spec.template.spec.volumes[2].configMap.defaultMode`) and why. The message names the
+    /// place only: the reason (`error`) may quote the value, which is the caller's to show.
+    #[error("{} has a value of the wrong type or shape", .path.display())]
+    PodSpec {
+        path: FieldPath,
+        #[source]
+        error: serde_json::Error,
+    },
+}
+
+/// A place in an object: map keys and list indexes from its root.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FieldPath(pub Vec<FieldSegment>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldSegment {
+    Key(String),
+    Index(usize),
+}
+
+/// How many characters of a field path are shown: its keys may come from a review.
+const MAX_PATH_SHOWN: usize = 256;
+
+impl FieldPath {
+    /// As kubectl writes it: `spec.volumes[2].configMap`, with characters outside names'
+    /// alphabet shown as `?` and at most 256 of them.
+    pub fn display(&self) -> String {
+        let mut out = String::new();
+        for segment in &self.0 {
+            match segment {
+                FieldSegment::Key(key) => {
+                    if !out.is_empty() {
+                        out.push('.');
+                    }
+                    out.extend(key.chars().map(|c| {
+                        if c.is_ascii_alphanumeric() || "-_./".contains(c) {
+                            c
+                        } else {
+                            '?'
+                        }
+                    }));
+                }
+                FieldSegment::Index(i) => out.push_str(&format!("[{i}]")),
+            }
+        }
+        if out.chars().count() > MAX_PATH_SHOWN {
+            out = out.chars().take(MAX_PATH_SHOWN).collect::<String>() + "...";
+        }
+        out
+    }
+
+    /// The segments as strings (an index in decimal), to find the place in a document.
+    pub fn segments(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|s| match s {
+                FieldSegment::Key(k) => k.clone(),
+                FieldSegment::Index(i) => i.to_string(),
+            })
+            .collect()
+    }
+}
+
+/// Decodes `value` as a `T`; on failure, the field path (under `base`) of what did not decode.
+/// The path is looked for only then (a second decode that follows it), so a value that decodes
+/// costs what a plain decode does.
+pub fn decode_at<'de, T: serde::Deserialize<'de>>(
+    value: &'de Value,
+    base: &[&str],
+) -> Result<T, (FieldPath, serde_json::Error)> {
+    if let Ok(decoded) = T::deserialize(value) {
+        return Ok(decoded);
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let mut path: Vec<FieldSegment> = base
+            .iter()
+            .map(|k| FieldSegment::Key((*k).to_owned()))
+            .collect();
+        for segment in e.path().iter() {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => {
+                    path.push(FieldSegment::Index(*index))
+                }
+                serde_path_to_error::Segment::Map { key } => {
+                    path.push(FieldSegment::Key(key.clone()))
+                }
+                serde_path_to_error::Segment::Enum { variant } => {
+                    path.push(FieldSegment::Key(variant.clone()))
+                }
+                serde_path_to_error::Segment::Unknown => {}
+            }
+        }
+        (FieldPath(path), e.into_inner())
+    })
 }
 
 /// What confighash does with an object.
@@ -160,7 +252,10 @@ pub fn analyze_within(
     let template_annotations = string_map(template_meta, "template.metadata", "annotations")?;
     let spec = match template.get("spec") {
         Some(spec) if !spec.is_null() => {
-            PodSpec::deserialize(spec).map_err(WorkloadError::PodSpec)?
+            let mut base: Vec<&str> = kind.template_path().to_vec();
+            base.push("spec");
+            decode_at::<PodSpec>(spec, &base)
+                .map_err(|(path, error)| WorkloadError::PodSpec { path, error })?
         }
         _ => PodSpec::default(),
     };

@@ -17,7 +17,6 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::core::checksum::{self, ObjectView, RefState, StampKey};
@@ -26,7 +25,7 @@ use crate::core::patch;
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use crate::core::rules;
-use crate::core::workload::{self, Analysis, WorkloadKind};
+use crate::core::workload::{self, Analysis, FieldPath, WorkloadError, WorkloadKind};
 
 /// One input: a file's text and the name errors call it by.
 #[derive(Debug, Clone)]
@@ -147,8 +146,8 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
     let mut configs: HashMap<(String, ObjectRef), Config> = HashMap::new();
     for &place in &places {
         let obj = object(&docs, place);
-        let Some((kind, name, record)) =
-            read_config(&obj).map_err(|m| error(sources, &docs[place.doc], m))?
+        let Some((kind, name, record)) = read_config(&obj)
+            .map_err(|(path, m)| located(sources, &docs[place.doc], place, path, m))?
         else {
             continue;
         };
@@ -177,6 +176,22 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
             continue;
         };
         let doc = &docs[place.doc];
+        // Opted out: copied as it is, whatever its pod spec holds.
+        let enabled = obj
+            .pointer("/metadata/labels")
+            .and_then(|l| l.get(ENABLED_LABEL))
+            .and_then(Value::as_str);
+        if enabled == Some("false") {
+            if options.explain {
+                let title = title(kind, &obj, options);
+                writeln!(
+                    out.text,
+                    "{title}\n  skipped: labelled {ENABLED_LABEL}=false\n"
+                )
+                .ok();
+            }
+            continue;
+        }
         let info = match workload::analyze(kind, &obj) {
             Ok(Analysis::Workload(info)) => info,
             Ok(Analysis::WorkloadRef) => {
@@ -187,7 +202,11 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
                 continue;
             }
             Ok(Analysis::Unsupported) => continue,
-            Err(e) => return Err(error(sources, doc, format!("{kind}: {e}"))),
+            Err(WorkloadError::PodSpec { path, error: e }) => {
+                let message = format!("{}: {}: {e}", named(kind, &obj), path.display());
+                return Err(located(sources, doc, place, Some(path), message));
+            }
+            Err(e) => return Err(error(sources, doc, format!("{}: {e}", named(kind, &obj)))),
         };
         let title = title(kind, &obj, options);
         if info.opted_out {
@@ -360,8 +379,43 @@ fn nulls_as_the_server_reads_them(obj: &mut Value) {
     }
 }
 
+/// A list as kubectl reads one: `v1/List` or any `*List` kind (`DeploymentList`), with `items`.
 fn is_list(v: &Value) -> bool {
-    v.get("kind").and_then(Value::as_str) == Some("List")
+    v.get("kind")
+        .and_then(Value::as_str)
+        .is_some_and(|k| k.ends_with("List"))
+        && v.get("items").is_some_and(Value::is_array)
+}
+
+/// `kind` and, when it has one, the object's name: `StatefulSet redis`.
+fn named(kind: WorkloadKind, obj: &Value) -> String {
+    match obj.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(name) => format!("{kind} {name}"),
+        None => kind.to_string(),
+    }
+}
+
+/// An error at the line of the field `path` of the object at `place`, when it is found there
+/// (else at the document's line).
+fn located(
+    sources: &[Source],
+    doc: &Doc<'_>,
+    place: Place,
+    path: Option<FieldPath>,
+    message: String,
+) -> InputError {
+    let mut at = error(sources, doc, message);
+    if let Some(path) = path {
+        let mut segments = Vec::new();
+        if let Some(i) = place.item {
+            segments.extend(["items".to_owned(), i.to_string()]);
+        }
+        segments.extend(path.segments());
+        if let Some(line) = yaml::line_of(doc.body, &segments) {
+            at.line = doc.line + line - 1;
+        }
+    }
+    at
 }
 
 fn error(sources: &[Source], doc: &Doc<'_>, message: String) -> InputError {
@@ -408,20 +462,36 @@ fn title(kind: WorkloadKind, obj: &Value, options: &Options) -> String {
 }
 
 /// Reads a ConfigMap or Secret (core/v1): its kind, name, ignore annotation and entry digests.
-fn read_config(obj: &Value) -> Result<Option<(ObjectKind, String, ObjectRecord)>, String> {
+/// A ConfigMap or a Secret of the input; an error names the field path where one is known.
+#[allow(clippy::type_complexity)]
+fn read_config(
+    obj: &Value,
+) -> Result<Option<(ObjectKind, String, ObjectRecord)>, (Option<FieldPath>, String)> {
     if obj.get("apiVersion").and_then(Value::as_str) != Some("v1") {
         return Ok(None);
     }
+    let named = |kind: &str| match obj.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(name) => format!("{kind} {name}"),
+        None => kind.to_owned(),
+    };
+    let decode_error = |kind: &str, (path, e): (FieldPath, serde_json::Error)| {
+        let message = format!("{}: {}: {e}", named(kind), path.display());
+        (Some(path), message)
+    };
     let (kind, meta, record) = match obj.get("kind").and_then(Value::as_str) {
         Some("ConfigMap") => {
-            let cm = ConfigMap::deserialize(obj).map_err(|e| format!("ConfigMap: {e}"))?;
+            let cm: ConfigMap =
+                workload::decode_at(obj, &[]).map_err(|e| decode_error("ConfigMap", e))?;
             // Checked even when the object is ignored: the API server would refuse it.
-            ObjectView::config_map(&cm).map_err(|e| e.to_string())?;
-            let record = ObjectRecord::config_map(&cm).map_err(|e| e.to_string())?;
+            ObjectView::config_map(&cm)
+                .map_err(|e| (None, format!("{}: {e}", named("ConfigMap"))))?;
+            let record = ObjectRecord::config_map(&cm)
+                .map_err(|e| (None, format!("{}: {e}", named("ConfigMap"))))?;
             (ObjectKind::ConfigMap, cm.metadata, record)
         }
         Some("Secret") => {
-            let secret = Secret::deserialize(obj).map_err(|e| format!("Secret: {e}"))?;
+            let secret: Secret =
+                workload::decode_at(obj, &[]).map_err(|e| decode_error("Secret", e))?;
             let record = ObjectRecord::secret(&secret);
             (ObjectKind::Secret, secret.metadata, record)
         }
@@ -429,7 +499,7 @@ fn read_config(obj: &Value) -> Result<Option<(ObjectKind, String, ObjectRecord)>
     };
     let name = match meta.name {
         Some(name) if !name.is_empty() => name,
-        _ => return Err(format!("{} has no metadata.name", kind.as_str())),
+        _ => return Err((None, format!("{} has no metadata.name", kind.as_str()))),
     };
     Ok(Some((kind, name, record)))
 }
