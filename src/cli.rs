@@ -37,6 +37,10 @@ pub enum Command {
     /// Explain a workload's stamp in the live cluster (or list every workload's verdict): opt-in,
     /// webhook selection, references, expected stamp, verdict, Events and rollout state.
     Explain(ExplainArgs),
+    /// Which workloads a change to rendered manifests will roll: the base and head revisions,
+    /// each as `helm template` or `kustomize build` prints it. Exit 0 when no existing workload
+    /// rolls, 1 when one does, 2 on errors.
+    Diff(DiffArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -516,6 +520,54 @@ pub struct StampArgs {
     /// the documents.
     #[arg(long, env = "CONFIGHASH_EXPLAIN")]
     pub explain: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The manifests before the change: a YAML file, a directory of them, or `-` (standard
+    /// input, for one side only).
+    #[arg(long, value_name = "PATH")]
+    pub base: PathBuf,
+    /// The manifests after the change, as `--base`.
+    #[arg(long, value_name = "PATH")]
+    pub head: PathBuf,
+    /// The namespace of documents that name none (it enters every stamp).
+    #[arg(long, env = "CONFIGHASH_DIFF_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// How to print the report: text, json, or markdown (for a pull-request comment).
+    #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
+    pub output: DiffFormat,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DiffFormat {
+    Text,
+    Json,
+    Markdown,
+}
+
+/// Runs `confighash diff`; `stdin` is read when a side is `-`.
+pub fn diff(args: &DiffArgs, stdin: impl Read) -> Result<offline::diff::Report, StampError> {
+    if args.base.as_os_str() == "-" && args.head.as_os_str() == "-" {
+        return Err(StampError::StdinTwice);
+    }
+    let mut stdin = Some(stdin);
+    let mut side = |path: &PathBuf| -> Result<Vec<Source>, StampError> {
+        if path.as_os_str() == "-" {
+            let input = stdin.take().ok_or(StampError::StdinTwice)?;
+            read_sources(std::slice::from_ref(path), input)
+        } else {
+            read_sources(std::slice::from_ref(path), std::io::empty())
+        }
+    };
+    let base = side(&args.base)?;
+    let head = side(&args.head)?;
+    let options = offline::Options {
+        namespace: args.namespace.clone(),
+        key: None,
+        explain: false,
+    };
+    Ok(offline::diff::diff(&base, &head, &options)?)
 }
 
 /// Why `stamp` stopped.

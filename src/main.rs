@@ -11,6 +11,7 @@ fn main() -> ExitCode {
         Command::Stamp(args) => stamp(&args),
         Command::Serve(args) => serve(args),
         Command::Explain(args) => explain(&args),
+        Command::Diff(args) => diff(&args),
         Command::Certs(args) => match cli::certs(&args) {
             Ok(paths) => {
                 for p in paths {
@@ -23,6 +24,32 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+fn diff(args: &cli::DiffArgs) -> ExitCode {
+    match cli::diff(args, std::io::stdin().lock()) {
+        Ok(report) => {
+            for warning in &report.warnings {
+                eprintln!("warning: {warning}");
+            }
+            let format = match args.output {
+                cli::DiffFormat::Text => confighash::offline::diff::Format::Text,
+                cli::DiffFormat::Json => confighash::offline::diff::Format::Json,
+                cli::DiffFormat::Markdown => confighash::offline::diff::Format::Markdown,
+            };
+            use std::io::Write;
+            let text = confighash::offline::diff::render(&report, format);
+            if let Err(e) = std::io::stdout().lock().write_all(text.as_bytes()) {
+                eprintln!("error: writing the report: {e}");
+                return ExitCode::from(2);
+            }
+            ExitCode::from(u8::from(report.rolls()))
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 //! As paths, checked by [`crate::contracts`]: no `crate::admin`, `crate::app`, `crate::certs`,
 //! `crate::cluster`, `crate::explain`, `crate::watcher`, `crate::webhook`.
 
+pub mod diff;
 pub mod yaml;
 
 use std::collections::HashMap;
@@ -94,8 +95,26 @@ struct Config {
     record: ObjectRecord,
 }
 
-/// Stamps every supported workload of `sources`.
-pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> {
+/// Everything of an input: its documents, the objects in them, and its ConfigMaps and Secrets
+/// by namespace and name.
+struct Input<'a> {
+    docs: Vec<Doc<'a>>,
+    places: Vec<Place>,
+    configs: HashMap<(String, ObjectRef), Config>,
+    warnings: Vec<String>,
+}
+
+/// The object at `place`.
+fn object(docs: &[Doc<'_>], p: Place) -> Value {
+    let v = &docs[p.doc].value;
+    match p.item {
+        Some(i) => v["items"][i].clone(),
+        None => v.clone(),
+    }
+}
+
+/// Reads every document of `sources` and the ConfigMaps and Secrets among them.
+fn read_input<'a>(sources: &'a [Source], options: &Options) -> Result<Input<'a>, InputError> {
     let mut docs = Vec::new();
     for (i, source) in sources.iter().enumerate() {
         for (index, (line, separator, body)) in split(&source.text).into_iter().enumerate() {
@@ -103,10 +122,10 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         }
     }
 
-    let mut out = Output::default();
+    let mut warnings = Vec::new();
     for doc in &docs {
         for (line, key) in &doc.duplicates {
-            out.warnings.push(format!(
+            warnings.push(format!(
                 "{}: document {} (line {}): the key {key:?} is given twice in one map; the last \
                  value is used, as kubectl does (kubectl --validate=strict refuses it)",
                 sources[doc.source].name,
@@ -135,14 +154,6 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
             _ => places.push(Place { doc: d, item: None }),
         }
     }
-    let object = |docs: &[Doc<'_>], p: Place| -> Value {
-        let v = &docs[p.doc].value;
-        match p.item {
-            Some(i) => v["items"][i].clone(),
-            None => v.clone(),
-        }
-    };
-
     let mut configs: HashMap<(String, ObjectRef), Config> = HashMap::new();
     for &place in &places {
         let obj = object(&docs, place);
@@ -167,6 +178,27 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
             ));
         }
     }
+
+    Ok(Input {
+        docs,
+        places,
+        configs,
+        warnings,
+    })
+}
+
+/// Stamps every supported workload of `sources`.
+pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> {
+    let Input {
+        mut docs,
+        places,
+        configs,
+        warnings,
+    } = read_input(sources, options)?;
+    let mut out = Output {
+        warnings,
+        ..Output::default()
+    };
 
     for &place in &places {
         let mut obj = object(&docs, place);
