@@ -98,7 +98,7 @@ trap cleanup EXIT
 phase "control plane up"
 
 # stamp reads YAML as this kubectl does: its reading of the corpus must be the committed one.
-python3 "$HERE/yaml-golden.py" "$BIN/kubectl" "$STATE/admin.kubeconfig" --check ||
+python3 "$HERE/yaml-golden.py" "$BIN/kubectl" "$STATE/admin.kubeconfig" --check --stamp "$CONFIGHASH" ||
     fail "kubectl reads tests/data/yaml11/cases.json otherwise than tests/data/yaml11/golden.json says (scripts/yaml-golden.py)"
 phase "kubectl's YAML reading checked"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kubectl's reading of the YAML 1.1 corpus, the golden file `cargo test` checks `stamp` against.
 
-    scripts/yaml-golden.py KUBECTL KUBECONFIG [--check]
+    scripts/yaml-golden.py KUBECTL KUBECONFIG [--check] [--stamp CONFIGHASH]
 
 tests/data/yaml11/cases.json holds scalar forms and the documents (contexts) each is written
 into, at @FORM@. For every (context, form) this runs the pinned kubectl (scripts/install-control-plane.sh
@@ -15,6 +15,10 @@ builds it) against a control plane (it needs discovery):
 
 and writes tests/data/yaml11/golden.json, or with --check fails when what it would write differs
 from the committed file (the real tier runs it so).
+
+With --stamp, it also has `confighash stamp` rewrite every workload case kubectl reads, and
+kubectl read what stamp wrote: each value must read as kubectl read the original (a null in an
+annotation as the empty string, as the API server stores it).
 """
 import json
 import subprocess
@@ -46,6 +50,40 @@ def kubectl(kubectl, kubeconfig, args, doc):
         capture_output=True,
         timeout=60,
     )
+
+
+def stamp_roundtrip(exe, kubeconfig, confighash, cases, golden):
+    written, expected = [], []
+    for entry in golden:
+        context = cases["contexts"][entry["context"]]
+        if "value" not in entry["parse"] or "kind: Deployment" not in context["doc"]:
+            continue
+        doc = context["doc"].replace("@FORM@", entry["form"])
+        out = subprocess.run([confighash, "stamp", "--namespace", "default", "-f", "-"],
+                             input=doc.encode(), capture_output=True, timeout=60)
+        if out.returncode != 0:
+            continue  # stamp refuses what the API server cannot decode (cargo test checks which)
+        value = entry["parse"]["value"]
+        if value is None and entry["context"] == "annotation":
+            value = ""
+        written.append(out.stdout.decode())
+        expected.append((entry["context"], entry["form"], context["pointer"], value))
+    read = kubectl(exe, kubeconfig, ["--dry-run=client", "--validate=false"], "---\n".join(written))
+    if read.returncode != 0:
+        sys.exit(f"yaml-golden.py: kubectl cannot read what stamp wrote: {read.stderr.decode()[:500]}")
+    # One JSON object per document, one after another.
+    text, decoder, items, at = read.stdout.decode(), json.JSONDecoder(), [], 0
+    while at < len(text):
+        if text[at].isspace():
+            at += 1
+            continue
+        item, at = decoder.raw_decode(text, at)
+        items.extend(item["items"] if item.get("kind") == "List" else [item])
+    wrong = [f"{c} {f!r}: kubectl reads {pointer(item, p)!r} in what stamp wrote, {v!r} in the original"
+             for (c, f, p, v), item in zip(expected, items) if pointer(item, p) != v]
+    if len(items) != len(expected) or wrong:
+        sys.exit("yaml-golden.py: " + ("\n".join(wrong) or f"{len(items)} items for {len(expected)} documents"))
+    print(f"yaml-golden.py: kubectl reads the {len(expected)} workloads stamp wrote as it read them")
 
 
 def main():
@@ -82,6 +120,8 @@ def main():
                 entry["strict"] = "wrong-type"
             golden.append(entry)
     text = json.dumps(golden, indent=1, sort_keys=True) + "\n"
+    if "--stamp" in sys.argv:
+        stamp_roundtrip(exe, kubeconfig, sys.argv[sys.argv.index("--stamp") + 1], cases, golden)
     if check:
         if not GOLDEN.exists() or GOLDEN.read_text() != text:
             Path(str(GOLDEN) + ".new").write_text(text)
