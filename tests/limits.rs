@@ -770,3 +770,83 @@ fn max_connections_flag() {
         assert!(parse(&["--max-connections", bad]).is_err(), "{bad}");
     }
 }
+
+/// A client that opens no stream window (`SETTINGS_INITIAL_WINDOW_SIZE` 0) and sends reviews:
+/// their answers are made but cannot be sent. They stay counted in the review memory while
+/// unsent, and once the oldest is still unsent a second after the request timeout, the
+/// connection is closed: its streams are reset and their answers' bytes given back, by the
+/// deadline plus a second. A normal review on a fresh connection is answered meanwhile and after.
+#[tokio::test]
+async fn answers_a_client_never_reads_are_released_with_its_connection_at_the_deadline() {
+    let request_timeout = Duration::from_millis(800);
+    let server = start(
+        Duration::from_secs(5),
+        Limits {
+            request_timeout,
+            ..limits()
+        },
+    )
+    .await;
+    let io = TokioIo::new(server.tls(&[b"h2"]).await);
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake::<_, ReqBody>(io)
+        .await
+        .expect("an HTTP/2 connection");
+    let driver = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for i in 0..10 {
+        sender.ready().await.expect("a usable connection");
+        let request = hyper::Request::post("https://localhost/mutate")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(full(review(&format!("stuck-{i}"))))
+            .unwrap();
+        held.push(sender.send_request(request));
+    }
+    // The heads come back (HEADERS are not flow-controlled); the bodies cannot.
+    let mut responses = Vec::new();
+    for pending in held {
+        let response = tokio::time::timeout(DEADLINE, pending)
+            .await
+            .expect("the answer's head in time")
+            .expect("a response");
+        assert_eq!(response.status(), 200);
+        responses.push(response);
+    }
+    assert!(
+        server.running().review_memory_in_use()
+            >= 10 * confighash::webhook::admission::ANSWER_ALLOWANCE,
+        "unsent answers stay counted: {} bytes",
+        server.running().review_memory_in_use()
+    );
+    // Meanwhile a normal review on a fresh connection is answered.
+    server.http(true).await.review("while-stuck").await;
+
+    // Closed (its streams reset) by the deadline (request timeout + 1 s) plus a second.
+    let deadline = request_timeout + Duration::from_secs(1);
+    tokio::time::timeout(deadline + Duration::from_secs(1), driver)
+        .await
+        .expect("the stuck connection is closed by its deadline + 1 s")
+        .unwrap();
+    assert!(
+        started.elapsed() >= request_timeout,
+        "closed after {:?}, before the request timeout",
+        started.elapsed()
+    );
+    for response in responses {
+        assert!(
+            response.into_body().collect().await.is_err(),
+            "an unsent answer's stream ends in an error, not in a body"
+        );
+    }
+    assert_eq!(server.metrics.unsent_answers_closed(), 1);
+    wait::eventually("the unsent answers' memory given back", async || {
+        server.running().review_memory_in_use() == 0
+    })
+    .await;
+    server.http(true).await.review("after").await;
+}

@@ -120,6 +120,7 @@ pub struct Metrics {
     lookups: Family<LookupLabels, Counter>,
     connections: Gauge,
     connection_limit_reached: Counter,
+    unsent_answers_closed: Counter,
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     cert_expiry: Gauge,
@@ -182,6 +183,12 @@ impl Metrics {
             "webhook_connection_limit_reached",
             "Times the webhook port filled up to --max-connections (new connections then wait in the listen backlog)",
             connection_limit_reached.clone(),
+        );
+        let unsent_answers_closed = Counter::default();
+        registry.register(
+            "webhook_unsent_answers_closed",
+            "Webhook connections closed because an answer was still unsent a second after the request timeout (a client that does not read: an HTTP/2 flow-control window kept shut)",
+            unsent_answers_closed.clone(),
         );
         let cert_reloads = Counter::default();
         registry.register(
@@ -383,6 +390,7 @@ impl Metrics {
             lookups,
             connections,
             connection_limit_reached,
+            unsent_answers_closed,
             cert_reloads,
             cert_reload_failures,
             cert_expiry,
@@ -450,6 +458,16 @@ impl Metrics {
     /// The webhook port filled up to its connection limit.
     pub fn connection_limit_reached(&self) {
         self.connection_limit_reached.inc();
+    }
+
+    /// A webhook connection was closed with an answer still unsent past its deadline.
+    pub fn unsent_answer_closed(&self) {
+        self.unsent_answers_closed.inc();
+    }
+
+    /// How many webhook connections were closed with an answer still unsent.
+    pub fn unsent_answers_closed(&self) -> u64 {
+        self.unsent_answers_closed.get()
     }
 
     /// How many times the webhook port filled up to its connection limit.

@@ -30,6 +30,7 @@ use crate::core::patch;
 use crate::core::refs;
 use crate::core::rules::{self, Current, Decision, Lookup, Outcome, Trigger};
 use crate::core::workload::{self, Analysis, WorkloadKind};
+use crate::webhook::held;
 use crate::webhook::lookup::{self, Lookups, MemoryBudget, ObjectSource};
 
 /// Largest review body accepted: an UPDATE carries two objects of up to 1.5 MiB each, base64
@@ -50,6 +51,11 @@ pub const MIN_REVIEW_MEMORY: usize = 2 * MAX_BODY + 1024 * 1024;
 /// on HTTP/2, 64 KiB on HTTP/1.1, usually well under 1 KiB) and its state. It bounds how many
 /// reviews are held at once.
 pub const REVIEW_ALLOWANCE: usize = 16 * 1024;
+
+/// What an answer counts against the memory budget besides its bytes, from when it is made until
+/// it is sent in full: its stream's state in the HTTP/2 server (about 2.5 KiB measured) and the
+/// response head.
+pub const ANSWER_ALLOWANCE: usize = 4 * 1024;
 
 /// What one counted JSON value (see `parse_cost`) takes at most once parsed, with its share of
 /// the maps and vectors around it. Measured peaks: 72 bytes per value for an array of numbers,
@@ -369,7 +375,21 @@ async fn review(
         webhook.answer_within(&bytes, &limits.memory).await
     };
     match tokio::time::timeout(limits.timeout, work).await {
-        Ok(Ok(review)) => axum::Json(review).into_response(),
+        Ok(Ok(review)) => {
+            // The answer and its stream's state stay counted until they are sent (a client that
+            // keeps its flow-control window shut holds them): the rest is given back now.
+            let response = axum::Json(review).into_response();
+            let answer = axum::body::HttpBody::size_hint(response.body())
+                .exact()
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(0);
+            let keep = answer
+                .saturating_add(ANSWER_ALLOWANCE)
+                .min(held.num_permits());
+            let kept = held.split(keep);
+            drop(held);
+            held::hold(response, kept)
+        }
         Ok(Err(bad)) => {
             let outcome = if bad.status == StatusCode::SERVICE_UNAVAILABLE {
                 "busy"

@@ -9,6 +9,7 @@
 //! `crate::offline`, `crate::watcher`.
 
 pub mod admission;
+pub mod held;
 pub mod lookup;
 pub mod pruned;
 pub mod server;

@@ -42,6 +42,7 @@ use tower::ServiceExt;
 use crate::admin::health::{self, Health};
 use crate::admin::metrics::Metrics;
 use crate::webhook::admission::{self, ReviewLimits, Webhook};
+use crate::webhook::held;
 use crate::webhook::tls::{CertStore, ClientCaStore};
 
 pub use open_files::{
@@ -378,6 +379,9 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             header_read_timeout: config.header_read_timeout,
             idle_timeout: limits.idle_timeout,
             close_timeout: limits.request_timeout + CLOSE_SLACK,
+            answer_deadline: limits.request_timeout + CLOSE_SLACK,
+            metrics: Some(metrics.clone()),
+            unsent_log: Arc::default(),
         },
         config.drain_timeout,
         stopped,
@@ -409,6 +413,9 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             header_read_timeout: admin_limits.header_read_timeout,
             idle_timeout: admin_limits.idle_timeout,
             close_timeout: ADMIN_CLOSE_TIMEOUT,
+            answer_deadline: admission::DEFAULT_REQUEST_TIMEOUT + CLOSE_SLACK,
+            metrics: None,
+            unsent_log: Arc::default(),
         },
         config.drain_timeout,
         admin_stopped,
@@ -593,6 +600,36 @@ struct Connections {
     /// How long a connection asked to close because idle may take: what is in flight must be
     /// answered and, on HTTP/2, a ping answered.
     close_timeout: Duration,
+    /// From a request's head, its answer must be sent in full within this, or its connection is
+    /// closed.
+    answer_deadline: Duration,
+    metrics: Option<Arc<Metrics>>,
+    /// The warning for connections closed with answers unsent, rate-limited.
+    unsent_log: Arc<UnsentLog>,
+}
+
+/// Logs connections closed with answers unsent at most once per [`CAP_LOG_INTERVAL`], with how
+/// many since the last line (a client can make one a millisecond).
+#[derive(Default)]
+struct UnsentLog {
+    state: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+impl UnsentLog {
+    fn closed(&self, peer: SocketAddr, deadline: Duration) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 += 1;
+        if state.0.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
+            return;
+        }
+        tracing::warn!(
+            %peer,
+            connections = state.1,
+            ?deadline,
+            "closed connections whose answers were still unsent at their deadline (the client did not read them)"
+        );
+        *state = (Some(Instant::now()), 0);
+    }
 }
 
 async fn serve_port(
@@ -750,13 +787,65 @@ struct Activity {
     in_flight: usize,
     /// When `in_flight` last became 0 (or the connection opened).
     idle_since: Instant,
+    /// When the oldest request whose answer is not sent in full yet arrived (its answer may be
+    /// made and held back by the client's flow control).
+    oldest_unsent: Option<Instant>,
 }
 
-/// A port's router as a hyper service that reports each request's start and end.
+/// The requests of one connection whose answers are not sent in full yet, by arrival.
+#[derive(Default)]
+struct Unsent {
+    next: std::sync::atomic::AtomicU64,
+    started: std::sync::Mutex<std::collections::BTreeMap<u64, Instant>>,
+}
+
+/// Marks one answer unsent until dropped: hyper drops the response body once it is sent in
+/// full, or its stream or connection is gone.
+struct UnsentAnswer {
+    id: u64,
+    unsent: Arc<Unsent>,
+    activity: Arc<watch::Sender<Activity>>,
+}
+
+impl UnsentAnswer {
+    fn start(unsent: Arc<Unsent>, activity: Arc<watch::Sender<Activity>>) -> Self {
+        let id = unsent.next.fetch_add(1, Ordering::Relaxed);
+        let oldest = {
+            let mut started = unsent.started.lock().unwrap_or_else(|e| e.into_inner());
+            started.insert(id, Instant::now());
+            started.values().next().copied()
+        };
+        activity.send_modify(|a| a.oldest_unsent = oldest);
+        UnsentAnswer {
+            id,
+            unsent,
+            activity,
+        }
+    }
+}
+
+impl Drop for UnsentAnswer {
+    fn drop(&mut self) {
+        let oldest = {
+            let mut started = self
+                .unsent
+                .started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            started.remove(&self.id);
+            started.values().next().copied()
+        };
+        self.activity.send_modify(|a| a.oldest_unsent = oldest);
+    }
+}
+
+/// A port's router as a hyper service that reports each request's start and end, and when its
+/// answer has been sent.
 #[derive(Clone)]
 struct Tracked {
     router: axum::Router,
     activity: Arc<watch::Sender<Activity>>,
+    unsent: Arc<Unsent>,
 }
 
 /// Marks a request in flight until dropped (answered, or its connection gone).
@@ -792,11 +881,12 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
         // hyper calls the service once a request head is complete (HTTP/1.1) or a stream's
         // headers have arrived (HTTP/2).
         let in_flight = InFlight::start(self.activity.clone());
+        let unsent = UnsentAnswer::start(self.unsent.clone(), self.activity.clone());
         let router = self.router.clone();
         Box::pin(async move {
             let response = router.oneshot(request.map(Body::new)).await;
             drop(in_flight);
-            response
+            response.map(|r| held::hold(r, unsent))
         })
     }
 }
@@ -810,6 +900,8 @@ enum Timer {
     Idle,
     /// Asked to close because idle, and not closed yet.
     Closing,
+    /// An answer is still unsent past its deadline.
+    Unsent,
 }
 
 /// Serves one accepted connection: on the webhook port the TLS handshake (and with a client CA,
@@ -901,10 +993,12 @@ async fn drive<I>(
         requests: 0,
         in_flight: 0,
         idle_since: Instant::now(),
+        oldest_unsent: None,
     });
     let service = Tracked {
         router: connections.router.clone(),
         activity: Arc::new(activity),
+        unsent: Arc::default(),
     };
     let mut conn = pin!(
         connections
@@ -923,6 +1017,9 @@ async fn drive<I>(
         };
         if now.requests == 0 {
             consider(first_deadline, Timer::FirstRequest);
+        }
+        if let Some(oldest) = now.oldest_unsent {
+            consider(oldest + connections.answer_deadline, Timer::Unsent);
         }
         if let Some(since) = closing_since {
             // A graceful close needs the requests in flight answered (each bounded by the request
@@ -963,6 +1060,16 @@ async fn drive<I>(
                     tracing::debug!(%peer, idle_timeout = ?connections.idle_timeout, "idle; closing");
                     closing_since = Some(Instant::now());
                     conn.as_mut().graceful_shutdown();
+                }
+                Some(Timer::Unsent) => {
+                    // The peer does not take its answers (an HTTP/2 stream window kept at 0, or
+                    // a socket not read): closing the connection resets its streams and frees
+                    // their answers, which the request timeout promised to bound.
+                    if let Some(metrics) = &connections.metrics {
+                        metrics.unsent_answer_closed();
+                    }
+                    connections.unsent_log.closed(peer, connections.answer_deadline);
+                    return;
                 }
                 Some(Timer::Closing) | None => {
                     tracing::debug!(%peer, "did not close in time; dropped");
