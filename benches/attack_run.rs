@@ -42,6 +42,13 @@
 //! R = 10000 and 256, 1 s baseline), `CONFIGHASH_ATTACK_ORDER=descending` (the names that exist
 //! nowhere in descending order, so that each sorts before every name seen so far).
 //!
+//! **Zero-window attack** (after the others; `CONFIGHASH_ATTACK_ZERO_WINDOW` connections, 970 by
+//! default, 100 quick, 0 for none; `CONFIGHASH_ATTACK_ONLY=zero-window` runs it alone): HTTP/2
+//! connections that set `SETTINGS_INITIAL_WINDOW_SIZE` to 0, each sending 100 small reviews whose
+//! answers can then never be sent, while normal reviews go on over a connection of their own.
+//! Reported: serve's peak VmRSS, when the connections were closed, the normal reviews' answers
+//! and latency, and `confighash_webhook_unsent_answers_closed_total`.
+//!
 //! `--list` prints nothing and exits. Without `--bench` (as `cargo test --benches` runs it) the
 //! binary only checks its own setup (the stand-in, the reviews, the token's RBAC, the GET count)
 //! in about a second, and starts no serve process.
@@ -106,6 +113,8 @@ struct Options {
     binary: Option<PathBuf>,
     probe_every: Duration,
     baseline: Duration,
+    /// Connections of the zero-window attack (0: none).
+    zero_window: usize,
 }
 
 fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
@@ -155,6 +164,10 @@ impl Options {
                 .map(PathBuf::from),
             probe_every: Duration::from_millis(probe_ms as u64),
             baseline: Duration::from_secs(if quick { 1 } else { 2 }),
+            zero_window: match std::env::var("CONFIGHASH_ATTACK_ZERO_WINDOW") {
+                Ok(v) if v.trim() == "0" => 0,
+                _ => env_list("CONFIGHASH_ATTACK_ZERO_WINDOW", &[if quick { 100 } else { 970 }])[0],
+            },
         }
     }
 }
@@ -898,7 +911,9 @@ async fn run(options: Options) -> Result<(), String> {
             .trim()
     );
     let mut figures = Vec::new();
-    for &r in &options.rs {
+    let only_zero_window =
+        std::env::var("CONFIGHASH_ATTACK_ONLY").is_ok_and(|v| v == "zero-window");
+    for &r in if only_zero_window { &[][..] } else { &options.rs[..] } {
         for &n in &options.ns {
             let f = scenario(&standin, &binary, &files, &ca, &options, n, r).await?;
             println!(
@@ -917,7 +932,134 @@ async fn run(options: Options) -> Result<(), String> {
             figures.push(f);
         }
     }
-    report(&figures);
+    if !figures.is_empty() {
+        report(&figures);
+    }
+    if options.zero_window > 0 {
+        zero_window(&binary, &files, &ca, &options, options.zero_window).await?;
+    }
+    Ok(())
+}
+
+/// Reviews per zero-window connection: the webhook's stream cap.
+const ZERO_WINDOW_STREAMS: usize = 100;
+
+/// The zero-window attack: `connections` HTTP/2 connections that set
+/// `SETTINGS_INITIAL_WINDOW_SIZE` to 0, each sending [`ZERO_WINDOW_STREAMS`] small reviews and
+/// never opening a stream window, so no answer can be sent; normal reviews every
+/// `probe_every` on a connection of their own meanwhile. Reports serve's peak VmRSS, when the
+/// attack's connections were closed, the normal reviews' latency and failures, and
+/// `confighash_webhook_unsent_answers_closed_total`.
+async fn zero_window(
+    binary: &Path,
+    files: &Files,
+    ca: &TestCa,
+    options: &Options,
+    connections: usize,
+) -> Result<(), String> {
+    let serve = Serve::start(binary, files, &options.serve_args, "zero-window").await?;
+    let url = format!("https://127.0.0.1:{}/mutate", serve.webhook.port());
+    let clients = [HttpsClient::new(&ca.pem)];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_idle = status_kib(serve.pid, "VmRSS:").unwrap_or(0);
+    let tls = Arc::new(apiserver::https::client_config(&ca.pem, &[b"h2"]));
+    let started = Instant::now();
+    let sampler = Sampler::start(serve.pid, started);
+    let object = Arc::new(normal_object());
+    let mut attackers = Vec::with_capacity(connections);
+    for c in 0..connections {
+        let (tls, object, addr) = (tls.clone(), object.clone(), serve.webhook);
+        attackers.push(tokio::spawn(async move {
+            let tcp = tokio::net::TcpStream::connect(addr).await.ok()?;
+            let stream = tokio_rustls::TlsConnector::from(tls)
+                .connect(ServerName::try_from(SERVER_NAME).ok()?, tcp)
+                .await
+                .ok()?;
+            let (mut sender, connection) =
+                hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .initial_stream_window_size(0)
+                    .handshake::<_, Full<Bytes>>(TokioIo::new(stream))
+                    .await
+                    .ok()?;
+            let driver = tokio::spawn(connection);
+            let mut heads = Vec::new();
+            for i in 0..ZERO_WINDOW_STREAMS {
+                if sender.ready().await.is_err() {
+                    break;
+                }
+                let body = review(&format!("2e10a1a1-{c:04x}-4000-8000-{i:012x}"), &object);
+                let request = hyper::Request::post("/mutate")
+                    .header("host", SERVER_NAME)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(body)))
+                    .ok()?;
+                heads.push(sender.send_request(request));
+            }
+            // The answers' heads arrive; their bodies never can. Held until the server closes.
+            let mut held = Vec::new();
+            for head in heads {
+                if let Ok(response) = head.await {
+                    held.push(response);
+                }
+            }
+            let answered = held.len();
+            let _ = driver.await;
+            Some((answered, started.elapsed()))
+        }));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let probing = {
+        let done = done.clone();
+        let clients = clients.clone();
+        let url = url.clone();
+        let every = options.probe_every;
+        tokio::spawn(async move {
+            probe(&clients, &url, every, |_, _| done.load(Ordering::Relaxed)).await
+        })
+    };
+    let mut answered = 0;
+    let mut closed_by = Duration::ZERO;
+    let mut failed = 0;
+    for a in attackers {
+        match tokio::time::timeout(ATTACK_TIMEOUT, a).await {
+            Ok(Ok(Some((n, at)))) => {
+                answered += n;
+                closed_by = closed_by.max(at);
+            }
+            _ => failed += 1,
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let normal = probing.await.map_err(|e| e.to_string())?;
+    let (rss_peak, peak_at, _, _) = sampler.finish();
+    let closed = serve::admin_get(serve.admin, "/metrics")
+        .await
+        .ok()
+        .and_then(|(_, text)| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("confighash_webhook_unsent_answers_closed_total "))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    let mut latencies: Vec<Duration> = normal.iter().map(|(d, _)| *d).collect();
+    latencies.sort_unstable();
+    let stamped = normal.iter().filter(|(_, a)| *a == Answer::Stamped).count();
+    println!(
+        "zero-window attack: {connections} connections x {ZERO_WINDOW_STREAMS} reviews, \
+         {answered} answer heads received, {failed} connections that did not open or end; \
+         all closed by {:.1} s; serve closed {closed} for answers unsent; VmRSS idle {} MiB, \
+         peak {} MiB at {:.1} s; normal reviews during: {stamped} of {} stamped, p50 {} ms, \
+         p99 {} ms, max {} ms; load average {}",
+        closed_by.as_secs_f64(),
+        mib(rss_idle),
+        mib(rss_peak),
+        peak_at.as_secs_f64(),
+        normal.len(),
+        ms(percentile(&latencies, 50.0)),
+        ms(percentile(&latencies, 99.0)),
+        ms(percentile(&latencies, 100.0)),
+        load_average()
+    );
     Ok(())
 }
 
