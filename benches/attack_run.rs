@@ -166,7 +166,10 @@ impl Options {
             baseline: Duration::from_secs(if quick { 1 } else { 2 }),
             zero_window: match std::env::var("CONFIGHASH_ATTACK_ZERO_WINDOW") {
                 Ok(v) if v.trim() == "0" => 0,
-                _ => env_list("CONFIGHASH_ATTACK_ZERO_WINDOW", &[if quick { 100 } else { 970 }])[0],
+                _ => env_list(
+                    "CONFIGHASH_ATTACK_ZERO_WINDOW",
+                    &[if quick { 100 } else { 970 }],
+                )[0],
             },
         }
     }
@@ -913,7 +916,11 @@ async fn run(options: Options) -> Result<(), String> {
     let mut figures = Vec::new();
     let only_zero_window =
         std::env::var("CONFIGHASH_ATTACK_ONLY").is_ok_and(|v| v == "zero-window");
-    for &r in if only_zero_window { &[][..] } else { &options.rs[..] } {
+    for &r in if only_zero_window {
+        &[][..]
+    } else {
+        &options.rs[..]
+    } {
         for &n in &options.ns {
             let f = scenario(&standin, &binary, &files, &ca, &options, n, r).await?;
             println!(

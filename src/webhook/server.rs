@@ -193,6 +193,10 @@ const CLOSE_SLACK: Duration = Duration::from_secs(1);
 /// The admin port's answers are ready at once: a connection closed for idleness gets this long
 /// to send what it has.
 const ADMIN_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an answer that is made may wait for its client to take it before its connection is
+/// closed. kube-apiserver reads its answers as they come (a 1 MiB window holds a thousand of
+/// them); only a client that keeps its window shut, or stops reading its socket, waits this long.
+const UNSENT_AFTER_MADE: Duration = Duration::from_secs(2);
 /// The connection-limit warning is logged at most this often.
 const CAP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -790,13 +794,27 @@ struct Activity {
     /// When the oldest request whose answer is not sent in full yet arrived (its answer may be
     /// made and held back by the client's flow control).
     oldest_unsent: Option<Instant>,
+    /// When the oldest answer made but not sent in full yet was made.
+    oldest_unsent_made: Option<Instant>,
 }
 
-/// The requests of one connection whose answers are not sent in full yet, by arrival.
+/// The requests of one connection whose answers are not sent in full yet: when each arrived, and
+/// when its answer was made (None while it is being made).
 #[derive(Default)]
 struct Unsent {
     next: std::sync::atomic::AtomicU64,
-    started: std::sync::Mutex<std::collections::BTreeMap<u64, Instant>>,
+    started: std::sync::Mutex<std::collections::BTreeMap<u64, (Instant, Option<Instant>)>>,
+}
+
+impl Unsent {
+    /// The oldest arrival and the oldest answer made, of the answers not sent yet.
+    fn oldest(
+        started: &std::collections::BTreeMap<u64, (Instant, Option<Instant>)>,
+    ) -> (Option<Instant>, Option<Instant>) {
+        let arrived = started.values().map(|(at, _)| *at).min();
+        let made = started.values().filter_map(|(_, made)| *made).min();
+        (arrived, made)
+    }
 }
 
 /// Marks one answer unsent until dropped: hyper drops the response body once it is sent in
@@ -812,15 +830,32 @@ impl UnsentAnswer {
         let id = unsent.next.fetch_add(1, Ordering::Relaxed);
         let oldest = {
             let mut started = unsent.started.lock().unwrap_or_else(|e| e.into_inner());
-            started.insert(id, Instant::now());
-            started.values().next().copied()
+            started.insert(id, (Instant::now(), None));
+            Unsent::oldest(&started)
         };
-        activity.send_modify(|a| a.oldest_unsent = oldest);
+        activity.send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
         UnsentAnswer {
             id,
             unsent,
             activity,
         }
+    }
+
+    /// The answer is made: from now on only the client's reading holds it.
+    fn made(&self) {
+        let oldest = {
+            let mut started = self
+                .unsent
+                .started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = started.get_mut(&self.id) {
+                entry.1 = Some(Instant::now());
+            }
+            Unsent::oldest(&started)
+        };
+        self.activity
+            .send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
     }
 }
 
@@ -833,9 +868,10 @@ impl Drop for UnsentAnswer {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
             started.remove(&self.id);
-            started.values().next().copied()
+            Unsent::oldest(&started)
         };
-        self.activity.send_modify(|a| a.oldest_unsent = oldest);
+        self.activity
+            .send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
     }
 }
 
@@ -886,6 +922,7 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
         Box::pin(async move {
             let response = router.oneshot(request.map(Body::new)).await;
             drop(in_flight);
+            unsent.made();
             response.map(|r| held::hold(r, unsent))
         })
     }
@@ -994,6 +1031,7 @@ async fn drive<I>(
         in_flight: 0,
         idle_since: Instant::now(),
         oldest_unsent: None,
+        oldest_unsent_made: None,
     });
     let service = Tracked {
         router: connections.router.clone(),
@@ -1020,6 +1058,10 @@ async fn drive<I>(
         }
         if let Some(oldest) = now.oldest_unsent {
             consider(oldest + connections.answer_deadline, Timer::Unsent);
+        }
+        if let Some(made) = now.oldest_unsent_made {
+            // An answer made and not taken for this long: the client does not read.
+            consider(made + UNSENT_AFTER_MADE, Timer::Unsent);
         }
         if let Some(since) = closing_since {
             // A graceful close needs the requests in flight answered (each bounded by the request
