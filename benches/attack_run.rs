@@ -1051,17 +1051,19 @@ async fn zero_window(
     let mut latencies: Vec<Duration> = normal.iter().map(|(d, _)| *d).collect();
     latencies.sort_unstable();
     let stamped = normal.iter().filter(|(_, a)| *a == Answer::Stamped).count();
+    let normal_answers: Vec<Answer> = normal.iter().map(|(_, a)| a.clone()).collect();
     println!(
         "zero-window attack: {connections} connections x {ZERO_WINDOW_STREAMS} reviews, \
          {answered} answer heads received, {failed} connections that did not open or end; \
          all closed by {:.1} s; serve closed {closed} for answers unsent; VmRSS idle {} MiB, \
-         peak {} MiB at {:.1} s; normal reviews during: {stamped} of {} stamped, p50 {} ms, \
+         peak {} MiB at {:.1} s; normal reviews during: {stamped} of {} stamped ({}), p50 {} ms, \
          p99 {} ms, max {} ms; load average {}",
         closed_by.as_secs_f64(),
         mib(rss_idle),
         mib(rss_peak),
         peak_at.as_secs_f64(),
         normal.len(),
+        summarize(&normal_answers),
         ms(percentile(&latencies, 50.0)),
         ms(percentile(&latencies, 99.0)),
         ms(percentile(&latencies, 100.0)),
