@@ -828,50 +828,51 @@ struct UnsentAnswer {
 impl UnsentAnswer {
     fn start(unsent: Arc<Unsent>, activity: Arc<watch::Sender<Activity>>) -> Self {
         let id = unsent.next.fetch_add(1, Ordering::Relaxed);
-        let oldest = {
-            let mut started = unsent.started.lock().unwrap_or_else(|e| e.into_inner());
-            started.insert(id, (Instant::now(), None));
-            Unsent::oldest(&started)
-        };
-        activity.send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
-        UnsentAnswer {
+        let answer = UnsentAnswer {
             id,
             unsent,
             activity,
-        }
+        };
+        answer.update(|started| {
+            started.insert(id, (Instant::now(), None));
+        });
+        answer
     }
 
-    /// The answer is made: from now on only the client's reading holds it.
-    fn made(&self) {
+    /// Changes the connection's record of unsent answers, and tells its driver the oldest.
+    fn update(
+        &self,
+        change: impl FnOnce(&mut std::collections::BTreeMap<u64, (Instant, Option<Instant>)>),
+    ) {
         let oldest = {
             let mut started = self
                 .unsent
                 .started
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            if let Some(entry) = started.get_mut(&self.id) {
-                entry.1 = Some(Instant::now());
-            }
+            change(&mut started);
             Unsent::oldest(&started)
         };
         self.activity
             .send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
+    }
+
+    /// The answer is made: from now on only the client's reading holds it.
+    fn made(&self) {
+        self.update(|started| {
+            if let Some(entry) = started.get_mut(&self.id) {
+                entry.1 = Some(Instant::now());
+            }
+        });
     }
 }
 
 impl Drop for UnsentAnswer {
     fn drop(&mut self) {
-        let oldest = {
-            let mut started = self
-                .unsent
-                .started
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            started.remove(&self.id);
-            Unsent::oldest(&started)
-        };
-        self.activity
-            .send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
+        let id = self.id;
+        self.update(|started| {
+            started.remove(&id);
+        });
     }
 }
 

@@ -288,7 +288,7 @@ pub async fn run(env: &Env, size: &Size, seed: u64) -> Report {
             let stamp = env.stamp(NS, w.kind, &w.name).await;
             if stamp.as_ref() != w.history.last() {
                 waiting.push(format!("{} {}", w.kind, w.name));
-            } else if !observed(env, w).await {
+            } else if !env.observed_latest(NS, w.kind, &w.name).await {
                 waiting.push(format!("{} {} (its controller)", w.kind, w.name));
             }
         }
@@ -548,21 +548,6 @@ async fn inject(env: &Env, user: &str, ns: &str, fault: Fault) {
             real::control_plane(&["restart", "kube-controller-manager"]).await;
         }
     }
-}
-
-/// Whether the workload's controller has seen its latest generation (its last template has a
-/// revision).
-async fn observed(env: &Env, w: &Workload) -> bool {
-    let Some(object) = env.get_workload(NS, w.kind, &w.name).await else {
-        return false;
-    };
-    let generation = object
-        .pointer("/metadata/generation")
-        .and_then(Value::as_i64);
-    let observed = object
-        .pointer("/status/observedGeneration")
-        .and_then(Value::as_i64);
-    observed >= generation
 }
 
 #[derive(Default)]

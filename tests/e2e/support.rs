@@ -1335,16 +1335,8 @@ impl Env {
         }
         self.eventually_with(
             || async {
-                let Some(object) = self.get_workload(namespace, kind, name).await else {
-                    return false;
-                };
-                let generation = object
-                    .pointer("/metadata/generation")
-                    .and_then(Value::as_i64);
-                let observed = object
-                    .pointer("/status/observedGeneration")
-                    .and_then(Value::as_i64);
-                observed >= generation && self.revision(namespace, kind, name).await >= 1
+                self.observed_latest(namespace, kind, name).await
+                    && self.revision(namespace, kind, name).await >= 1
             },
             || {
                 format!(
@@ -1354,6 +1346,21 @@ impl Env {
             },
         )
         .await;
+    }
+
+    /// Whether the workload's controller has seen its latest generation (on a real cluster: its
+    /// last template has a revision); false while the workload does not exist.
+    pub async fn observed_latest(&self, namespace: &str, kind: &str, name: &str) -> bool {
+        let Some(object) = self.get_workload(namespace, kind, name).await else {
+            return false;
+        };
+        let generation = object
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64);
+        let observed = object
+            .pointer("/status/observedGeneration")
+            .and_then(Value::as_i64);
+        observed >= generation
     }
 
     /// The stamp on a workload's pod template, read from the API server.
