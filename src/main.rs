@@ -118,7 +118,15 @@ fn explain(args: &cli::ExplainArgs) -> ExitCode {
 fn serve(args: cli::ServeArgs) -> ExitCode {
     // Before any thread starts: the watcher's lists pass large blocks through the allocator.
     confighash::watcher::memory::tune_allocator();
-    let filter = match tracing_subscriber::EnvFilter::try_new(&args.log_level) {
+    // The HTTP/2 library warns once per misbehaving connection (a rapid-reset client, say): a
+    // client could write hundreds of lines a second. confighash counts those connections and logs
+    // them at most once a minute itself; a filter that names h2 keeps its lines.
+    let directives = if args.log_level.contains("h2") {
+        args.log_level.clone()
+    } else {
+        format!("{},h2=error", args.log_level)
+    };
+    let filter = match tracing_subscriber::EnvFilter::try_new(&directives) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: --log-level {:?}: {e}", args.log_level);

@@ -852,3 +852,40 @@ async fn answers_a_client_never_reads_are_released_with_its_connection_at_the_de
     .await;
     server.http(true).await.review("after").await;
 }
+
+/// A rapid-reset client (CVE-2023-44487): streams opened and reset at once, many times. The
+/// HTTP/2 library ends such a connection (GOAWAY `ENHANCE_YOUR_CALM`); each one is counted in
+/// `confighash_webhook_connection_errors_total` (its own per-connection warning is filtered out
+/// of `serve`'s logs, and confighash logs these at most once a minute), and a normal review is
+/// still answered.
+#[tokio::test]
+async fn rapid_reset_connections_are_ended_and_counted() {
+    let server = start(Duration::from_secs(5), limits()).await;
+    for _ in 0..3 {
+        let mut tls = server.tls(&[b"h2"]).await;
+        let mut hello = PREFACE.to_vec();
+        hello.extend(frame(SETTINGS, 0, 0, &[]));
+        for i in 0..200u32 {
+            let stream = 2 * i + 1;
+            hello.extend(frame(HEADERS, END_HEADERS, stream, &request_headers(3)));
+            hello.extend(frame(RST_STREAM, 0, stream, &8u32.to_be_bytes())); // CANCEL
+        }
+        // The server may close before it has read all of it.
+        let _ = tls.write_all(&hello).await;
+        let received = frames(&read_to_close(&mut tls).await);
+        let goaway = received
+            .iter()
+            .find(|(kind, _, _, _)| *kind == 0x7)
+            .unwrap_or_else(|| panic!("no GOAWAY: {received:?}"));
+        assert_eq!(
+            goaway.3[4..8],
+            11u32.to_be_bytes(),
+            "GOAWAY ENHANCE_YOUR_CALM: {goaway:?}"
+        );
+    }
+    wait::eventually("three connection errors counted", async || {
+        server.metrics.connection_errors() >= 3
+    })
+    .await;
+    server.http(true).await.review("after-the-resets").await;
+}

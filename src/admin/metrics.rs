@@ -121,6 +121,7 @@ pub struct Metrics {
     connections: Gauge,
     connection_limit_reached: Counter,
     unsent_answers_closed: Counter,
+    connection_errors: Counter,
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     cert_expiry: Gauge,
@@ -189,6 +190,12 @@ impl Metrics {
             "webhook_unsent_answers_closed",
             "Webhook connections closed because an answer was still unsent a second after the request timeout (a client that does not read: an HTTP/2 flow-control window kept shut)",
             unsent_answers_closed.clone(),
+        );
+        let connection_errors = Counter::default();
+        registry.register(
+            "webhook_connection_errors",
+            "Webhook connections that ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection): logged at most once a minute",
+            connection_errors.clone(),
         );
         let cert_reloads = Counter::default();
         registry.register(
@@ -391,6 +398,7 @@ impl Metrics {
             connections,
             connection_limit_reached,
             unsent_answers_closed,
+            connection_errors,
             cert_reloads,
             cert_reload_failures,
             cert_expiry,
@@ -463,6 +471,16 @@ impl Metrics {
     /// A webhook connection was closed with an answer still unsent past its deadline.
     pub fn unsent_answer_closed(&self) {
         self.unsent_answers_closed.inc();
+    }
+
+    /// A webhook connection ended with a protocol error.
+    pub fn connection_error(&self) {
+        self.connection_errors.inc();
+    }
+
+    /// How many webhook connections ended with a protocol error.
+    pub fn connection_errors(&self) -> u64 {
+        self.connection_errors.get()
     }
 
     /// How many webhook connections were closed with an answer still unsent.

@@ -385,7 +385,8 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             close_timeout: limits.request_timeout + CLOSE_SLACK,
             answer_deadline: limits.request_timeout + CLOSE_SLACK,
             metrics: Some(metrics.clone()),
-            unsent_log: Arc::default(),
+            unsent_log: unsent_log(),
+            error_log: error_log(),
         },
         config.drain_timeout,
         stopped,
@@ -419,7 +420,8 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             close_timeout: ADMIN_CLOSE_TIMEOUT,
             answer_deadline: admission::DEFAULT_REQUEST_TIMEOUT + CLOSE_SLACK,
             metrics: None,
-            unsent_log: Arc::default(),
+            unsent_log: unsent_log(),
+            error_log: error_log(),
         },
         config.drain_timeout,
         admin_stopped,
@@ -608,30 +610,46 @@ struct Connections {
     /// closed.
     answer_deadline: Duration,
     metrics: Option<Arc<Metrics>>,
-    /// The warning for connections closed with answers unsent, rate-limited.
-    unsent_log: Arc<UnsentLog>,
+    /// The warnings for connections closed with answers unsent, and for connections that ended
+    /// in a protocol error (the HTTP/2 library's own warnings are filtered out), rate-limited.
+    unsent_log: Arc<RateLog>,
+    error_log: Arc<RateLog>,
 }
 
-/// Logs connections closed with answers unsent at most once per [`CAP_LOG_INTERVAL`], with how
-/// many since the last line (a client can make one a millisecond).
-#[derive(Default)]
-struct UnsentLog {
+fn unsent_log() -> Arc<RateLog> {
+    Arc::new(RateLog::new(
+        "closed connections whose answers were still unsent at their deadline (the client did not read them)",
+    ))
+}
+
+fn error_log() -> Arc<RateLog> {
+    Arc::new(RateLog::new(
+        "connections ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection)",
+    ))
+}
+
+/// A warning about connections logged at most once per [`CAP_LOG_INTERVAL`], with how many since
+/// the last line: a client can make one a millisecond.
+struct RateLog {
+    what: &'static str,
     state: std::sync::Mutex<(Option<Instant>, u64)>,
 }
 
-impl UnsentLog {
-    fn closed(&self, peer: SocketAddr, deadline: Duration) {
+impl RateLog {
+    fn new(what: &'static str) -> Self {
+        RateLog {
+            what,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    fn record(&self, peer: SocketAddr) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.1 += 1;
         if state.0.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
             return;
         }
-        tracing::warn!(
-            %peer,
-            connections = state.1,
-            ?deadline,
-            "closed connections whose answers were still unsent at their deadline (the client did not read them)"
-        );
+        tracing::warn!(%peer, connections = state.1, "{}", self.what);
         *state = (Some(Instant::now()), 0);
     }
 }
@@ -1081,6 +1099,10 @@ async fn drive<I>(
             result = conn.as_mut() => {
                 if let Err(e) = result {
                     tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    if let Some(metrics) = &connections.metrics {
+                        metrics.connection_error();
+                    }
+                    connections.error_log.record(peer);
                 }
                 return;
             }
@@ -1111,7 +1133,7 @@ async fn drive<I>(
                     if let Some(metrics) = &connections.metrics {
                         metrics.unsent_answer_closed();
                     }
-                    connections.unsent_log.closed(peer, connections.answer_deadline);
+                    connections.unsent_log.record(peer);
                     return;
                 }
                 Some(Timer::Closing) | None => {
