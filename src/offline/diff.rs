@@ -308,11 +308,10 @@ pub fn diff(base: &[Source], head: &[Source], options: &Options) -> Result<Repor
                 && base_input.configs.contains_key(&(ns.clone(), r.clone()))
         });
         let template_changed = b.template != h.template;
+        // What changed in the config it reads (which moves the stamp), and what changed that
+        // it does not read.
         let mut reasons = Vec::new();
         let mut unread = Vec::new();
-        if template_changed {
-            reasons.push("its pod template changed".to_owned());
-        }
         if b.refs != h.refs && !template_changed {
             reasons.push("its references changed".to_owned());
         }
@@ -361,13 +360,15 @@ pub fn diff(base: &[Source], head: &[Source], options: &Options) -> Result<Repor
         } else {
             continue;
         };
-        if verdict == Verdict::Rolls && !stamp_changes {
-            // Rolls for its template: config reasons that did not change the stamp are noise.
-            reasons.retain(|r| r == "its pod template changed");
-        }
-        if verdict == Verdict::DoesNotRoll {
-            reasons = unread;
-        }
+        let reasons = match verdict {
+            Verdict::DoesNotRoll => unread,
+            // Rolls for its template alone: config changes that did not move the stamp are noise.
+            _ if !stamp_changes => vec!["its pod template changed".to_owned()],
+            _ if template_changed => std::iter::once("its pod template changed".to_owned())
+                .chain(reasons)
+                .collect(),
+            _ => reasons,
+        };
         report.entries.push(Entry {
             namespace: ns.clone(),
             kind: h.kind,
