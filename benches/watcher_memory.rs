@@ -68,6 +68,11 @@ use mode::Mode;
 
 const ROLE_ENV: &str = "CONFIGHASH_BENCH_ROLE";
 const URL_ENV: &str = "CONFIGHASH_BENCH_URL";
+/// A kubeconfig of a real cluster to load and measure against instead of the in-memory API
+/// server (`target/control-plane/admin.kubeconfig` of `scripts/control-plane.sh up`).
+const KUBECONFIG_ENV: &str = "CONFIGHASH_BENCH_KUBECONFIG";
+/// What `URL_ENV` starts with when the children read a kubeconfig instead.
+const KUBECONFIG_URL: &str = "kubeconfig:";
 /// The Secret page size of a `watcher` child (absent: `watcher::SECRET_PAGE_SIZE`).
 const SECRET_PAGE_ENV: &str = "CONFIGHASH_BENCH_SECRET_PAGE";
 
@@ -128,6 +133,12 @@ struct Scale {
 
 impl Scale {
     fn from_env() -> Scale {
+        Scale::from_env_with(HELM_RELEASES)
+    }
+
+    /// As [`Scale::from_env`], with `helm_default` Helm release records at full scale unless
+    /// `CONFIGHASH_BENCH_HELM_RELEASES` says otherwise.
+    fn from_env_with(helm_default: usize) -> Scale {
         let quick =
             std::env::var("CONFIGHASH_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
         let fraction = std::env::var("CONFIGHASH_BENCH_SCALE")
@@ -135,7 +146,7 @@ impl Scale {
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|f| *f > 0.0 && *f <= 1.0)
             .unwrap_or(if quick { 0.05 } else { 1.0 });
-        let helm = env_u64("CONFIGHASH_BENCH_HELM_RELEASES", HELM_RELEASES as u64) as usize;
+        let helm = env_u64("CONFIGHASH_BENCH_HELM_RELEASES", helm_default as u64) as usize;
         let kib = env_u64("CONFIGHASH_BENCH_HELM_RELEASE_KIB", HELM_RELEASE_KIB as u64);
         Scale {
             helm_release_bytes: kib.clamp(1, 1024) as usize * 1024,
@@ -417,9 +428,14 @@ fn variants(exe: &Path, mode: Mode) -> Vec<Variant> {
 }
 
 fn parent(mode: Mode) {
+    let real = match mode {
+        Mode::Full => std::env::var(KUBECONFIG_ENV).ok().filter(|p| !p.is_empty()),
+        Mode::Smoke => None,
+    };
     let (scale, rounds, steady) = match mode {
+        // A real cluster gets the population: no Helm release records unless asked.
         Mode::Full => (
-            Scale::from_env(),
+            Scale::from_env_with(if real.is_some() { 0 } else { HELM_RELEASES }),
             env_u64("CONFIGHASH_BENCH_ROUNDS", 3).clamp(1, 10),
             env_u64("CONFIGHASH_BENCH_STEADY_SECS", 5).clamp(1, 60),
         ),
@@ -448,31 +464,75 @@ fn parent(mode: Mode) {
 
     let exe = std::env::current_exe().expect("the bench binary's path");
     let variants = variants(&exe, mode);
-    let mut server = Command::new(&exe)
-        .env(ROLE_ENV, "server")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the API server child");
-    let server_pid = server.id();
-    let mut lines = BufReader::new(server.stdout.take().expect("server stdout"));
-    let mut url = String::new();
-    lines.read_line(&mut url).expect("the server's URL");
-    let url = url.trim().to_owned();
-    assert!(
-        url.starts_with("http://127.0.0.1:"),
-        "unexpected server URL {url:?}"
-    );
-    println!("API server child (pid {server_pid}) at {url}");
+    match real {
+        Some(path) => {
+            println!("API server: the real cluster of {path} ({KUBECONFIG_ENV})");
+            let url = format!("{KUBECONFIG_URL}{path}");
+            measure_all(mode, &exe, &variants, &url, &scale, rounds, steady, None);
+        }
+        None => {
+            let mut server = Command::new(&exe)
+                .env(ROLE_ENV, "server")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .expect("start the API server child");
+            let server_pid = server.id();
+            let mut lines = BufReader::new(server.stdout.take().expect("server stdout"));
+            let mut url = String::new();
+            lines.read_line(&mut url).expect("the server's URL");
+            let url = url.trim().to_owned();
+            assert!(
+                url.starts_with("http://127.0.0.1:"),
+                "unexpected server URL {url:?}"
+            );
+            println!("API server child (pid {server_pid}) at {url}");
 
+            measure_all(
+                mode,
+                &exe,
+                &variants,
+                &url,
+                &scale,
+                rounds,
+                steady,
+                Some(server_pid),
+            );
+            // Closing its stdin ends the server child.
+            drop(server.stdin.take());
+            wait_or_kill(&mut server, Duration::from_secs(10));
+        }
+    }
+}
+
+/// Loads the objects through `url`, runs the rounds, reports. `server_pid`: the in-memory API
+/// server child's, for its memory figures.
+#[allow(clippy::too_many_arguments)]
+fn measure_all(
+    mode: Mode,
+    exe: &Path,
+    variants: &[Variant],
+    url: &str,
+    scale: &Scale,
+    rounds: u64,
+    steady: u64,
+    server_pid: Option<u32>,
+) {
+    let server_rss = || match server_pid {
+        Some(pid) => format!(
+            "server child VmRSS {} MiB",
+            proc_status(&format!("/proc/{pid}/status")).0 / 1024
+        ),
+        None => "the server is the real cluster's".to_owned(),
+    };
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
     let load_start = Instant::now();
-    rt.block_on(load(&url, &scale));
+    rt.block_on(load(url, scale));
     println!(
-        "loaded in {:.1} s; server child VmRSS {} MiB",
+        "loaded in {:.1} s; {}",
         load_start.elapsed().as_secs_f64(),
-        proc_status(&format!("/proc/{server_pid}/status")).0 / 1024
+        server_rss()
     );
     drop(rt);
 
@@ -482,7 +542,7 @@ fn parent(mode: Mode) {
     let mut loads = Vec::new();
     for round in 1..=rounds {
         let measure = |name: &str, exe: &Path, role: &str, env: &[(&str, String)]| {
-            let r = run_child(exe, role, &url, &scale, steady, env);
+            let r = run_child(exe, role, url, scale, steady, env);
             println!(
                 "round {round} {name}: sync {:>7.3} s  VmRSS {:>8.1} MiB  VmHWM {:>8.1} MiB  {}",
                 r.sync_secs,
@@ -492,7 +552,7 @@ fn parent(mode: Mode) {
             );
             r
         };
-        list.push(measure("list", &exe, "list", &[]));
+        list.push(measure("list", exe, "list", &[]));
         for (variant, out) in variants.iter().zip(&mut ours) {
             out.push(measure(
                 &variant.label,
@@ -501,31 +561,30 @@ fn parent(mode: Mode) {
                 &variant.env(),
             ));
         }
-        refl.push(measure("reflector", &exe, "reflector", &[]));
+        refl.push(measure("reflector", exe, "reflector", &[]));
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         println!("round {round} load average: {}", load.trim());
         loads.push(load);
     }
-    println!(
-        "server child VmHWM {} MiB",
-        proc_status(&format!("/proc/{server_pid}/status")).1 / 1024
-    );
-    // Closing its stdin ends the server child.
-    drop(server.stdin.take());
-    wait_or_kill(&mut server, Duration::from_secs(10));
+    if let Some(pid) = server_pid {
+        println!(
+            "server child VmHWM {} MiB",
+            proc_status(&format!("/proc/{pid}/status")).1 / 1024
+        );
+    }
 
     let ours: Vec<(&str, &[Reading])> = variants
         .iter()
         .zip(&ours)
         .map(|(v, r)| (v.label.as_str(), r.as_slice()))
         .collect();
-    report(&scale, steady, &list, &ours, &refl);
+    report(scale, steady, &list, &ours, &refl);
     if mode == Mode::Smoke {
-        smoke_check(&scale, &list, ours[0].1, &refl);
+        smoke_check(scale, &list, ours[0].1, &refl);
     }
 
     // Diagnosis: the heap of the watcher's own index for these objects, built without a client.
-    let index = run_child(&exe, "index", &url, &scale, steady, &[]);
+    let index = run_child(exe, "index", url, scale, steady, &[]);
     println!();
     println!(
         "diagnosis, heap of confighash's ConfigStore + WorkloadIndex for these objects: {}",
@@ -789,7 +848,8 @@ fn wait_or_kill(child: &mut Child, limit: Duration) -> Option<std::process::Exit
 }
 
 async fn load(url: &str, scale: &Scale) {
-    let client = client_for(url);
+    let client = client_for(url).await;
+    let real = url.starts_with(KUBECONFIG_URL);
     for n in 0..NAMESPACES {
         let mut labels = BTreeMap::new();
         if n % 2 == 0 {
@@ -803,10 +863,12 @@ async fn load(url: &str, scale: &Scale) {
             },
             ..Default::default()
         };
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .expect("create a namespace");
+        created(
+            "a namespace",
+            Api::<Namespace>::all(client.clone())
+                .create(&PostParams::default(), &ns)
+                .await,
+        );
     }
     let pp = PostParams::default();
     let jobs = (0..NAMESPACES).flat_map(|n| (0..scale.secrets_per_ns).map(move |k| (n, k)));
@@ -815,9 +877,7 @@ async fn load(url: &str, scale: &Scale) {
             let api: Api<Secret> = Api::namespaced(client.clone(), &namespace_name(n));
             let pp = &pp;
             async move {
-                api.create(pp, &secret(n, k))
-                    .await
-                    .expect("create a Secret");
+                created("a Secret", api.create(pp, &secret(n, k)).await);
             }
         })
         .await;
@@ -827,9 +887,10 @@ async fn load(url: &str, scale: &Scale) {
             let api: Api<Secret> = Api::namespaced(client.clone(), &namespace_name(n));
             let pp = &pp;
             async move {
-                api.create(pp, &helm_release(scale, n, k))
-                    .await
-                    .expect("create a Helm release record");
+                created(
+                    "a Helm release record",
+                    api.create(pp, &helm_release(scale, n, k)).await,
+                );
             }
         })
         .await;
@@ -839,9 +900,7 @@ async fn load(url: &str, scale: &Scale) {
             let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace_name(n));
             let pp = &pp;
             async move {
-                api.create(pp, &config_map(n, k))
-                    .await
-                    .expect("create a ConfigMap");
+                created("a ConfigMap", api.create(pp, &config_map(n, k)).await);
             }
         })
         .await;
@@ -851,9 +910,15 @@ async fn load(url: &str, scale: &Scale) {
             let api: Api<Deployment> = Api::namespaced(client.clone(), &namespace_name(n));
             let pp = &pp;
             async move {
-                api.create(pp, &deployment(scale, k))
-                    .await
-                    .expect("create a Deployment");
+                let mut d = deployment(scale, k);
+                if real {
+                    // The controllers keep their pods away: no pods for kwok to run, no
+                    // ReplicaSet churn while the watcher is measured.
+                    if let Some(spec) = d.spec.as_mut() {
+                        spec.replicas = Some(0);
+                    }
+                }
+                created("a Deployment", api.create(pp, &d).await);
             }
         })
         .await;
@@ -861,10 +926,34 @@ async fn load(url: &str, scale: &Scale) {
 
 // ----- children -----
 
-fn client_for(url: &str) -> kube::Client {
-    let mut config = kube::Config::new(url.parse().expect("a valid URL"));
-    config.default_namespace = "default".into();
+/// A client of the in-memory API server at `url`, or of the cluster of the kubeconfig that
+/// `url` names after [`KUBECONFIG_URL`].
+async fn client_for(url: &str) -> kube::Client {
+    let config = match url.strip_prefix(KUBECONFIG_URL) {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).expect("a readable kubeconfig");
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .expect("a usable kubeconfig")
+        }
+        None => {
+            let mut config = kube::Config::new(url.parse().expect("a valid URL"));
+            config.default_namespace = "default".into();
+            config
+        }
+    };
     kube::Client::try_from(config).expect("a client")
+}
+
+/// A create that already happened (a real cluster kept from an earlier run holds the same
+/// objects: they are generated from their names) counts as done.
+fn created<K>(what: &str, result: Result<K, kube::Error>) {
+    match result {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create {what}: {e}"),
+    }
 }
 
 /// (VmRSS, VmHWM) in KiB.
@@ -934,7 +1023,7 @@ fn child_server() {
 fn child_watcher() {
     let rt = child_runtime();
     rt.block_on(async {
-        let client = client_for(&child_url());
+        let client = client_for(&child_url()).await;
         let metrics = Arc::new(Metrics::new());
         let keys = Arc::new(KeyStore::new(
             StampKey::new(KEY.to_vec()).expect("a stamp key"),
@@ -987,7 +1076,7 @@ fn child_watcher() {
 fn child_reflector() {
     let rt = child_runtime();
     rt.block_on(async {
-        let client = client_for(&child_url());
+        let client = client_for(&child_url()).await;
         let start = Instant::now();
         let (secrets, w) = reflector::store::<Secret>();
         tokio::spawn(
@@ -1059,7 +1148,7 @@ where
 fn child_list() {
     let rt = child_runtime();
     rt.block_on(async {
-        let client = client_for(&child_url());
+        let client = client_for(&child_url()).await;
         let start = Instant::now();
         let all = async {
             tokio::join!(
