@@ -9,6 +9,7 @@
 //! [`App::watcher_config`], [`App::leader_config`], [`App::certificates`], [`App::start_server`],
 //! ...), which harnesses that restart a single part call too.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,6 +52,10 @@ pub enum RunError {
     Signal(#[source] std::io::Error),
     #[error(transparent)]
     OpenFiles(#[from] NoRoom),
+    #[error(
+        "--watch-namespaces may not list {0}: confighash never reads or touches kube-system or its own namespace"
+    )]
+    WatchNamespace(String),
 }
 
 /// How often the certificate files are re-read.
@@ -95,6 +100,9 @@ pub struct Config {
     /// Namespaces never read or touched besides `kube-system` and the pod's own
     /// (`--exclude-namespaces`).
     pub exclude_namespaces: Vec<String>,
+    /// `--watch-namespaces`: the only namespaces read, stamped or touched (`None`: the whole
+    /// cluster). Neither `kube-system` nor the pod's own may be in it.
+    pub watch_namespaces: Option<BTreeSet<String>>,
     /// `--roll-on-delete` and `--stamp-existing`.
     pub rules: crate::core::rules::Options,
     /// The watcher's pace.
@@ -206,6 +214,7 @@ impl Default for Config {
             lookup_deadline: admission::DEFAULT_LOOKUP_DEADLINE,
             max_references: crate::core::names::DEFAULT_MAX_REFERENCES,
             exclude_namespaces: Vec::new(),
+            watch_namespaces: None,
             rules: crate::core::rules::Options::default(),
             watcher: WatcherSettings::default(),
             leader_election: LeaderElection {
@@ -300,6 +309,13 @@ impl App {
     pub async fn from_config(mut config: Config, cluster: Cluster) -> Result<App, RunError> {
         let Cluster { client, getter } = cluster;
         let namespace = client.default_namespace().to_owned();
+        if let Some(list) = &config.watch_namespaces
+            && let Some(refused) = list
+                .iter()
+                .find(|n| *n == crate::core::names::KUBE_SYSTEM || **n == namespace)
+        {
+            return Err(RunError::WatchNamespace(refused.clone()));
+        }
         let mut background = Tasks::default();
         let keys = match &config.key {
             KeySource::File(path) => crate::certs::key::from_file(path)?,
@@ -478,6 +494,7 @@ impl App {
         .with_options(config.rules)
         .with_max_references(config.max_references)
         .with_excluded_namespaces(excluded_namespaces(config, namespace))
+        .with_watch_namespaces(config.watch_namespaces.clone())
         .with_dry_run(config.dry_run)
     }
 
@@ -504,6 +521,7 @@ impl App {
                 .chain([crate::core::names::KUBE_SYSTEM.to_owned()])
                 .collect(),
             dry_run: config.dry_run,
+            watch_namespaces: config.watch_namespaces.clone(),
         }
     }
 

@@ -254,6 +254,19 @@ pub struct ServeArgs {
         value_parser = parse_namespace
     )]
     pub exclude_namespaces: Vec<String>,
+    /// Least-privilege mode: the only namespaces whose ConfigMaps, Secrets and workloads are
+    /// read, stamped or touched (comma separated), each watched on its own, so Roles in them
+    /// are all the RBAC needed. Inside the list the opt-in labels keep their meaning. Neither
+    /// `kube-system` nor confighash's own namespace may be listed. Without it: the whole cluster.
+    #[arg(
+        long,
+        env = "CONFIGHASH_WATCH_NAMESPACES",
+        value_name = "NS,...",
+        value_delimiter = ',',
+        num_args = 1..,
+        value_parser = parse_namespace
+    )]
+    pub watch_namespaces: Option<Vec<String>>,
     /// The change window: the first content change of a referenced object opens it, and when it
     /// closes every change seen in it is handled; also the minimum interval between two touches
     /// of one workload.
@@ -377,6 +390,10 @@ impl ServeArgs {
             lookup_deadline: self.lookup_deadline,
             max_references: self.max_references,
             exclude_namespaces: self.exclude_namespaces.clone(),
+            watch_namespaces: self
+                .watch_namespaces
+                .as_ref()
+                .map(|list| list.iter().cloned().collect()),
             rules: crate::core::rules::Options {
                 roll_on_delete: self.roll_on_delete,
                 stamp_existing: self.stamp_existing,

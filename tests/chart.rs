@@ -123,12 +123,15 @@ struct ValuesSet {
     values: &'static str,
     /// Namespaces the webhook must exclude besides its own and kube-system.
     excluded: &'static [&'static str],
+    /// `watchNamespaces`: least-privilege mode.
+    watched: &'static [&'static str],
 }
 
 impl ValuesSet {
     fn install(&self) -> Install {
         Install {
             excluded: self.excluded.iter().map(|s| s.to_string()).collect(),
+            watched: self.watched.iter().map(|s| s.to_string()).collect(),
             ..Install::new(self.namespace, &fullname(self.release))
         }
     }
@@ -146,6 +149,7 @@ const SETS: &[ValuesSet] = &[
         namespace: "platform",
         values: "",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "one replica without a budget",
@@ -153,6 +157,7 @@ const SETS: &[ValuesSet] = &[
         namespace: "platform",
         values: "replicaCount: 1\npodDisruptionBudget:\n  enabled: false\n",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "cert-manager",
@@ -160,6 +165,7 @@ const SETS: &[ValuesSet] = &[
         namespace: "platform",
         values: "certificates:\n  mode: certManager\n",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "cert-manager with an issuer of yours",
@@ -175,6 +181,7 @@ const SETS: &[ValuesSet] = &[
     renewBefore: 240h
 ",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "monitoring",
@@ -194,6 +201,7 @@ const SETS: &[ValuesSet] = &[
       grafana_folder: Platform
 ",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "service monitor",
@@ -208,6 +216,7 @@ const SETS: &[ValuesSet] = &[
     enabled: true
 ",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "network policy",
@@ -227,6 +236,7 @@ const SETS: &[ValuesSet] = &[
           cidr: 10.0.0.1/32
 ",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "every flag",
@@ -288,6 +298,15 @@ extraVolumeMounts:
     readOnly: true
 ",
         excluded: &["legacy", "sandbox"],
+        watched: &[],
+    },
+    ValuesSet {
+        name: "least privilege",
+        release: "ch",
+        namespace: "platform",
+        values: "watchNamespaces: [shop, blog]\n",
+        excluded: &[],
+        watched: &["shop", "blog"],
     },
     ValuesSet {
         name: "a webhook URL (development)",
@@ -295,6 +314,7 @@ extraVolumeMounts:
         namespace: "platform",
         values: "webhook:\n  url: https://127.0.0.1:18443/mutate\n",
         excluded: &[],
+        watched: &[],
     },
     ValuesSet {
         name: "a release whose name says confighash, in another namespace",
@@ -307,6 +327,7 @@ extraVolumeMounts:
     whenUnsatisfiable: DoNotSchedule
 ",
         excluded: &[],
+        watched: &[],
     },
 ];
 
@@ -377,7 +398,13 @@ fn check_installation(what: &str, objects: &[Value], install: &Install) -> Serve
             type_of(doc).1,
             "ClusterRole" | "ClusterRoleBinding" | "MutatingWebhookConfiguration"
         );
-        if namespaced && name_of(doc) != format!("{}-dashboard", install.name) {
+        // Least-privilege mode: a Role and its binding in each watched namespace.
+        let watch_grant = matches!(type_of(doc).1, "Role" | "RoleBinding")
+            && name_of(doc) == format!("{}-watch", install.name)
+            && doc["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|ns| install.watched.iter().any(|w| w == ns));
+        if namespaced && !watch_grant && name_of(doc) != format!("{}-dashboard", install.name) {
             assert_eq!(
                 doc["metadata"]["namespace"].as_str(),
                 Some(install.namespace.as_str()),
@@ -613,6 +640,7 @@ fn every_values_set_renders_an_installation_that_holds_together() {
                 );
             }
             "every flag" => check_every_flag(&objects, &install, &serve, &pending),
+            "least privilege" => check_least_privilege(&objects, &install, &serve),
             "a webhook URL (development)" => {
                 let configuration = find(&objects, "MutatingWebhookConfiguration", &install.name);
                 for entry in configuration["webhooks"].as_array().unwrap() {
@@ -627,6 +655,97 @@ fn every_values_set_renders_an_installation_that_holds_together() {
             other => panic!("no checks for {other}"),
         }
     }
+}
+
+/// `watchNamespaces`: serve gets `--watch-namespaces`, a Role and RoleBinding in each listed
+/// namespace grant what the ClusterRole grants otherwise, the ClusterRole keeps only Namespaces
+/// (and the self-signed caBundle patch), and both webhook entries select only the listed
+/// namespaces. (check_rbac, run for every set, asserts the requests the code makes are allowed
+/// and that reads outside the list are not.)
+fn check_least_privilege(objects: &[Value], install: &Install, serve: &ServeArgs) {
+    assert_eq!(
+        serve.watch_namespaces.as_deref(),
+        Some(&["shop".to_owned(), "blog".to_owned()][..])
+    );
+    let cluster_role = find(objects, "ClusterRole", &install.name);
+    let resources: BTreeSet<String> = cluster_role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["resources"].as_array().unwrap())
+        .map(|r| r.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        resources,
+        BTreeSet::from([
+            "namespaces".to_owned(),
+            "mutatingwebhookconfigurations".to_owned()
+        ]),
+        "{cluster_role}"
+    );
+    let grant = format!("{}-watch", install.name);
+    for ns in &install.watched {
+        for kind in ["Role", "RoleBinding"] {
+            let doc = objects
+                .iter()
+                .find(|o| {
+                    type_of(o).1 == kind
+                        && name_of(o) == grant
+                        && o["metadata"]["namespace"] == ns.as_str()
+                })
+                .unwrap_or_else(|| panic!("no {kind} {grant} in {ns}"));
+            if kind == "RoleBinding" {
+                assert_eq!(
+                    doc["subjects"],
+                    json!([{"kind": "ServiceAccount", "name": install.name, "namespace": install.namespace}])
+                );
+            }
+        }
+    }
+    let configuration = find(objects, "MutatingWebhookConfiguration", &install.name);
+    for entry in configuration["webhooks"].as_array().unwrap() {
+        let expressions = entry["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .unwrap();
+        assert!(
+            expressions.contains(&json!({
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": ["shop", "blog"]
+            })),
+            "{entry}"
+        );
+        let selector = LabelSelector::from_object(&entry["namespaceSelector"]).unwrap();
+        let labels = |name: &str, enabled: &str| {
+            BTreeMap::from([
+                ("kubernetes.io/metadata.name".to_owned(), name.to_owned()),
+                ("confighash.dev/enabled".to_owned(), enabled.to_owned()),
+            ])
+        };
+        for enabled in ["true", "false"] {
+            assert!(
+                !selector.matches(&labels(UNWATCHED, enabled)),
+                "{entry} selects {UNWATCHED}"
+            );
+        }
+    }
+}
+
+#[test]
+fn least_privilege_refuses_kube_system_and_its_own_namespace() {
+    for ns in ["kube-system", "platform"] {
+        let values = format!("watchNamespaces: [shop, {ns}]\n");
+        match template("ch", "platform", &values) {
+            Ok(_) => panic!("rendered, but should be refused:\n{values}"),
+            Err(message) => assert!(
+                message.contains(&format!("watchNamespaces may not list {ns}")),
+                "{values}: {message}"
+            ),
+        }
+    }
+    let values = "watchNamespaces: [Shop]\n";
+    let message = template("ch", "platform", values).expect_err("refused by the schema");
+    assert!(message.contains("watchNamespaces"), "{message}");
 }
 
 /// The monitoring kit: scraping the pods' admin port, alerts for the release's namespace, the

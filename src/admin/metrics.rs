@@ -34,9 +34,25 @@ struct LookupLabels {
     outcome: &'static str,
 }
 
+/// A kind the watcher reads in one namespace of `--watch-namespaces` (bounded by that list).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamespaceKindLabels {
+    kind: &'static str,
+    namespace: String,
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
+}
+
+/// The kinds the watcher lists and watches per namespace: ConfigMaps, Secrets and every workload
+/// kind.
+fn watched_kinds() -> impl Iterator<Item = &'static str> {
+    [ObjectKind::ConfigMap, ObjectKind::Secret]
+        .into_iter()
+        .map(ObjectKind::as_str)
+        .chain(WorkloadKind::ALL.into_iter().map(WorkloadKind::kind))
 }
 
 /// Review outcomes of requests that never reached a workload decision (`kind` and `operation`
@@ -122,6 +138,7 @@ pub struct Metrics {
     connection_limit_reached: Counter,
     unsent_answers_closed: Counter,
     connection_errors: Counter,
+    watch_forbidden: Family<NamespaceKindLabels, Counter>,
     cert_reloads: Counter,
     cert_reload_failures: Counter,
     cert_expiry: Gauge,
@@ -196,6 +213,12 @@ impl Metrics {
             "webhook_connection_errors",
             "Webhook connections that ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection): logged at most once a minute",
             connection_errors.clone(),
+        );
+        let watch_forbidden = Family::<NamespaceKindLabels, Counter>::default();
+        registry.register(
+            "watch_forbidden",
+            "Lists and watches of a namespace of --watch-namespaces refused with 403 (no Role there grants them): logged at most once a minute per watch; the other namespaces go on",
+            watch_forbidden.clone(),
         );
         let cert_reloads = Counter::default();
         registry.register(
@@ -399,6 +422,7 @@ impl Metrics {
             connection_limit_reached,
             unsent_answers_closed,
             connection_errors,
+            watch_forbidden,
             cert_reloads,
             cert_reload_failures,
             cert_expiry,
@@ -479,6 +503,28 @@ impl Metrics {
     }
 
     /// How many webhook connections ended with a protocol error.
+    /// Creates every series of `confighash_watch_forbidden_total` for `--watch-namespaces` at 0.
+    pub fn prepare_watch_namespaces<'a>(&self, namespaces: impl IntoIterator<Item = &'a String>) {
+        for namespace in namespaces {
+            for kind in watched_kinds() {
+                let _ = self.watch_forbidden.get_or_create(&NamespaceKindLabels {
+                    kind,
+                    namespace: namespace.clone(),
+                });
+            }
+        }
+    }
+
+    /// Counts a list or watch of `kind` in `namespace` refused with 403.
+    pub fn watch_forbidden(&self, kind: &'static str, namespace: &str) {
+        self.watch_forbidden
+            .get_or_create(&NamespaceKindLabels {
+                kind,
+                namespace: namespace.to_owned(),
+            })
+            .inc();
+    }
+
     pub fn connection_errors(&self) -> u64 {
         self.connection_errors.get()
     }

@@ -60,6 +60,18 @@ pub fn watcher_error(e: &kube::runtime::watcher::Error) -> String {
     }
 }
 
+/// Whether a watch error is the API server's 403: the caller may not list or watch there.
+pub fn is_forbidden(e: &kube::runtime::watcher::Error) -> bool {
+    use kube::runtime::watcher::Error;
+    match e {
+        Error::InitialListFailed(e) | Error::WatchStartFailed(e) | Error::WatchFailed(e) => {
+            matches!(e, kube::Error::Api(status) if status.code == 403)
+        }
+        Error::WatchError(status) => status.code == 403,
+        Error::NoResourceVersion => false,
+    }
+}
+
 /// A reason Kubernetes defines, such as `NotFound` or `Expired`: never free text (a server could
 /// put a value that is a plain word there).
 fn is_known_reason(s: &str) -> bool {

@@ -474,6 +474,19 @@ impl Gates<'_> {
                 ),
             ));
         }
+        if let Read::Found(config) = &facts.webhook
+            && let Some(list) = select::watch_namespaces(config)
+            && !list.iter().any(|n| n == ns)
+        {
+            return Some((
+                Verdict::NotSelected,
+                format!(
+                    "namespace {ns} is outside confighash's --watch-namespaces ({}): nothing there \
+                     is read, stamped or touched, whatever its labels",
+                    list.join(", ")
+                ),
+            ));
+        }
         if self.namespace.opted_in == Some(false) && !info.opted_in {
             return Some((
                 Verdict::NotSelected,

@@ -76,6 +76,23 @@ pub fn entries(
         .collect()
 }
 
+/// The namespaces of least-privilege mode (`--watch-namespaces`), as the chart writes them into
+/// every entry's namespaceSelector: a `kubernetes.io/metadata.name In (...)` expression shared by
+/// all entries. `None`: some entry has no such expression (cluster-wide mode).
+pub fn watch_namespaces(configuration: &MutatingWebhookConfiguration) -> Option<Vec<String>> {
+    let mut lists = configuration.webhooks.iter().flatten().map(|w| {
+        w.namespace_selector
+            .as_ref()?
+            .match_expressions
+            .iter()
+            .flatten()
+            .find(|e| e.key == NAMESPACE_NAME_LABEL && e.operator == "In")
+            .and_then(|e| e.values.clone())
+    });
+    let first = lists.next()??;
+    lists.all(|l| l.as_ref() == Some(&first)).then_some(first)
+}
+
 /// Whether some entry selects the workload: `Some(true)` if one does, `Some(false)` if none can,
 /// `None` if that turns on labels that could not be read.
 pub fn selected(entries: &[EntryMatch]) -> Option<bool> {

@@ -29,7 +29,7 @@ use crate::watcher::index::{ConfigKey, StoredConfig, WorkloadEntry, WorkloadKey}
 use crate::watcher::leader::Leadership;
 use crate::watcher::state::{
     Believed, ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError, TouchResult,
-    WatcherConfig, WorkloadEvent, api_resource,
+    WatchOf, WatcherConfig, WorkloadEvent, api_resource,
 };
 
 /// The most Secrets in one list page (when `WatcherConfig::page_size` is not smaller).
@@ -65,22 +65,41 @@ pub async fn run_with_secret_page_size(
     secret_page_size: u32,
 ) {
     let pages = Pages::new(config.page_size, secret_page_size);
-    let state = State::new(config.clone(), keys.current(), metrics, SystemTime::now());
+    if let Some(list) = &config.watch_namespaces {
+        metrics.prepare_watch_namespaces(list);
+    }
+    let state = State::new(
+        config.clone(),
+        keys.current(),
+        metrics.clone(),
+        SystemTime::now(),
+    );
     let (tx, rx) = mpsc::channel(1024);
-    let mut tasks = vec![
-        tokio::spawn(watch_configs::<ConfigMap>(
+    let mut tasks = Vec::new();
+    for scope in scopes(&config) {
+        let errors = |what| WatchErrors::new(what, scope.clone(), &tx, &metrics);
+        tasks.push(tokio::spawn(watch_configs::<ConfigMap>(
             client.clone(),
             tx.clone(),
             pages,
-        )),
-        tokio::spawn(watch_configs::<Secret>(client.clone(), tx.clone(), pages)),
-        tokio::spawn(watch_namespaces(client.clone(), tx.clone())),
-        tokio::spawn(watch_workload_kinds(
+            scope.clone(),
+            errors(WatchOf::Config(ObjectKind::ConfigMap)),
+        )));
+        tasks.push(tokio::spawn(watch_configs::<Secret>(
             client.clone(),
             tx.clone(),
-            config.clone(),
-        )),
-    ];
+            pages,
+            scope.clone(),
+            errors(WatchOf::Config(ObjectKind::Secret)),
+        )));
+    }
+    tasks.push(tokio::spawn(watch_namespaces(client.clone(), tx.clone())));
+    tasks.push(tokio::spawn(watch_workload_kinds(
+        client.clone(),
+        tx.clone(),
+        config.clone(),
+        metrics.clone(),
+    )));
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -372,6 +391,76 @@ impl ConfigObject for Secret {
     }
 }
 
+/// Where the watches look: the whole cluster, or each namespace of `--watch-namespaces`.
+fn scopes(config: &WatcherConfig) -> Vec<Option<String>> {
+    match &config.watch_namespaces {
+        None => vec![None],
+        Some(list) => list.iter().cloned().map(Some).collect(),
+    }
+}
+
+/// What a watch does with its errors. A 403 of a namespace's own watch (`--watch-namespaces`
+/// wider than the Roles granted) is counted in `confighash_watch_forbidden_total`, logged at most
+/// once a minute, and tells the state that the namespace cannot be listed (so the others are
+/// reconciled); any other error is logged as it comes (kube-runtime's backoff paces them).
+struct WatchErrors {
+    what: WatchOf,
+    scope: Option<String>,
+    tx: mpsc::Sender<Input>,
+    metrics: Arc<Metrics>,
+    logged: Option<Instant>,
+}
+
+/// How often a watch refused with 403 is logged.
+const FORBIDDEN_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+impl WatchErrors {
+    fn new(
+        what: WatchOf,
+        scope: Option<String>,
+        tx: &mpsc::Sender<Input>,
+        metrics: &Arc<Metrics>,
+    ) -> Self {
+        WatchErrors {
+            what,
+            scope,
+            tx: tx.clone(),
+            metrics: metrics.clone(),
+            logged: None,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.what {
+            WatchOf::Config(kind) => kind.as_str(),
+            WatchOf::Workloads(kind) => kind.kind(),
+        }
+    }
+
+    fn report(&mut self, e: &watcher::Error) {
+        let kind = self.kind();
+        let namespace = self.scope.as_deref().unwrap_or("");
+        if let Some(ns) = &self.scope
+            && redact::is_forbidden(e)
+        {
+            self.metrics.watch_forbidden(kind, ns);
+            // A full channel drops it: the next retry sends it again.
+            let _ = self.tx.try_send(Input::Forbidden(self.what, ns.clone()));
+            if self
+                .logged
+                .is_some_and(|at| at.elapsed() < FORBIDDEN_LOG_INTERVAL)
+            {
+                return;
+            }
+            self.logged = Some(Instant::now());
+            tracing::warn!(kind, namespace, error = %redact::watcher_error(e),
+                "may not list or watch in a namespace of --watch-namespaces (no Role grants it?); nothing there is read or touched; retrying");
+            return;
+        }
+        tracing::warn!(kind, namespace, error = %redact::watcher_error(e), "watch error; retrying");
+    }
+}
+
 fn config_key<K: kube::Resource>(obj: &K, kind: ObjectKind) -> Option<ConfigKey> {
     let meta = obj.meta();
     Some((
@@ -384,22 +473,26 @@ async fn watch_configs<K: ConfigObject>(
     client: kube::Client,
     tx: mpsc::Sender<Input>,
     pages: Pages,
+    scope: Option<String>,
+    mut errors: WatchErrors,
 ) {
-    let api: Api<K> = Api::all(client);
+    let api: Api<K> = match scope.as_deref() {
+        None => Api::all(client),
+        Some(namespace) => Api::namespaced(client, namespace),
+    };
     let cfg = pages.watch_config(K::KIND);
     let adapter = Adapter::new(
         |obj: &K| config_key(obj, K::KIND),
         |_: &ConfigKey, obj: K| obj.stored(),
     );
-    let changes = changes(
-        watcher::watcher(api, cfg).default_backoff(),
-        adapter,
-        |e| tracing::warn!(kind = K::KIND.as_str(), error = %redact::watcher_error(e), "watch error; retrying"),
-    );
-    feed(changes, &tx, |change| {
-        Input::Config(ConfigSource::Watch(K::KIND), change)
-    })
-    .await;
+    let changes = changes(watcher::watcher(api, cfg).default_backoff(), adapter, |e| {
+        errors.report(e)
+    });
+    let source = match scope {
+        None => ConfigSource::Watch(K::KIND),
+        Some(namespace) => ConfigSource::WatchIn(K::KIND, namespace),
+    };
+    feed(changes, &tx, |change| Input::Config(source.clone(), change)).await;
 }
 
 /// Sends a watch's changes to the state until the state is gone.
@@ -460,8 +553,9 @@ async fn watch_workload_kinds(
     client: kube::Client,
     tx: mpsc::Sender<Input>,
     config: WatcherConfig,
+    metrics: Arc<Metrics>,
 ) {
-    let mut watching: BTreeMap<&'static str, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut watching: BTreeMap<&'static str, Vec<tokio::task::JoinHandle<()>>> = BTreeMap::new();
     let mut reported_absent: HashSet<&'static str> = HashSet::new();
     loop {
         for kind in WorkloadKind::ALL {
@@ -473,16 +567,27 @@ async fn watch_workload_kinds(
             match kube::discovery::oneshot::pinned_kind(&client, &gvk).await {
                 Ok(_) => {
                     tracing::info!(kind = kind.kind(), "watching");
-                    watching.insert(
-                        kind.kind(),
-                        tokio::spawn(watch_workloads(
-                            client.clone(),
-                            tx.clone(),
-                            kind,
-                            config.page_size,
-                            config.max_references,
-                        )),
-                    );
+                    let tasks = scopes(&config)
+                        .into_iter()
+                        .map(|scope| {
+                            let errors = WatchErrors::new(
+                                WatchOf::Workloads(kind),
+                                scope.clone(),
+                                &tx,
+                                &metrics,
+                            );
+                            tokio::spawn(watch_workloads(
+                                client.clone(),
+                                tx.clone(),
+                                kind,
+                                scope,
+                                errors,
+                                config.page_size,
+                                config.max_references,
+                            ))
+                        })
+                        .collect();
+                    watching.insert(kind.kind(), tasks);
                 }
                 Err(e) => {
                     if reported_absent.insert(kind.kind()) {
@@ -502,10 +607,16 @@ async fn watch_workloads(
     client: kube::Client,
     tx: mpsc::Sender<Input>,
     kind: WorkloadKind,
+    scope: Option<String>,
+    mut errors: WatchErrors,
     page_size: u32,
     max_references: usize,
 ) {
-    let api: Api<DynamicObject> = Api::all_with(client, &api_resource(kind));
+    let resource = api_resource(kind);
+    let api: Api<DynamicObject> = match scope.as_deref() {
+        None => Api::all_with(client, &resource),
+        Some(namespace) => Api::namespaced_with(client, namespace, &resource),
+    };
     let cfg = watcher::Config::default().page_size(page_size);
     let adapter = Adapter::new(
         |obj: &DynamicObject| {
@@ -524,12 +635,18 @@ async fn watch_workloads(
             }
         },
     );
-    let changes = changes(
-        watcher::watcher(api, cfg).default_backoff(),
-        adapter,
-        |e| tracing::warn!(kind = kind.kind(), error = %redact::watcher_error(e), "watch error; retrying"),
-    );
-    feed(changes, &tx, |change| Input::Workload(kind, change)).await;
+    let changes = changes(watcher::watcher(api, cfg).default_backoff(), adapter, |e| {
+        errors.report(e)
+    });
+    match scope {
+        None => feed(changes, &tx, |change| Input::Workload(kind, change)).await,
+        Some(namespace) => {
+            feed(changes, &tx, |change| {
+                Input::WorkloadIn(kind, namespace.clone(), change)
+            })
+            .await
+        }
+    }
 }
 
 // ----- namespace lists -----

@@ -96,6 +96,9 @@ pub struct WatcherConfig {
     pub flap_threshold: u32,
     /// `--flap-period`.
     pub flap_period: Duration,
+    /// `--watch-namespaces`: the only namespaces read, stamped or touched, each watched on its
+    /// own ([`Input::WorkloadIn`], [`ConfigSource::WatchIn`]); `None`: the whole cluster.
+    pub watch_namespaces: Option<BTreeSet<String>>,
 }
 
 impl Default for WatcherConfig {
@@ -116,7 +119,17 @@ impl Default for WatcherConfig {
             rollout_timeout: Duration::from_secs(600),
             flap_threshold: DEFAULT_FLAP_THRESHOLD,
             flap_period: DEFAULT_FLAP_PERIOD,
+            watch_namespaces: None,
         }
+    }
+}
+
+impl WatcherConfig {
+    /// Whether `namespace` is inside `--watch-namespaces` (always, without it).
+    pub fn watches(&self, namespace: &str) -> bool {
+        self.watch_namespaces
+            .as_ref()
+            .is_none_or(|list| list.contains(namespace))
     }
 }
 
@@ -131,6 +144,17 @@ pub enum Input {
     /// A workload of one kind, with what the index keeps of it (`None`: nothing confighash
     /// stamps, as if deleted).
     Workload(WorkloadKind, Watched<WorkloadKey, Option<WorkloadEntry>>),
+    /// As [`Input::Workload`], from the watch of one namespace (`--watch-namespaces`): its
+    /// `Relisted` covers the kind in that namespace only.
+    WorkloadIn(
+        WorkloadKind,
+        String,
+        Watched<WorkloadKey, Option<WorkloadEntry>>,
+    ),
+    /// The watch of one namespace (`--watch-namespaces`) may not list it (403: the RBAC does not
+    /// grant it). It counts as listed, empty, so the other namespaces are reconciled; its watch
+    /// keeps trying and its first list counts as any other.
+    Forbidden(WatchOf, String),
     /// The cluster does not serve this workload kind (no Argo Rollouts CRD): there is nothing to
     /// list, so it counts as listed.
     NotServed(WorkloadKind),
@@ -155,6 +179,9 @@ pub enum Input {
 pub enum ConfigSource {
     /// The cluster-wide watch of this kind; its `Relisted` covers the kind everywhere.
     Watch(ObjectKind),
+    /// The watch of this kind in one namespace (`--watch-namespaces`); its `Relisted` covers
+    /// the kind in that namespace only.
+    WatchIn(ObjectKind, String),
     /// The list of a namespace that opted in after its objects were left out
     /// ([`Effect::Backfill`]); its `Relisted` covers both kinds in that namespace.
     Backfill { namespace: String, generation: u64 },
@@ -264,6 +291,23 @@ enum Stream {
     Workloads(WorkloadKind),
 }
 
+/// What one namespace's watch reads (`--watch-namespaces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WatchOf {
+    Config(ObjectKind),
+    Workloads(WorkloadKind),
+}
+
+impl WatchOf {
+    fn stream(self) -> Stream {
+        match self {
+            WatchOf::Config(kind) => Stream::from_kind(kind),
+            WatchOf::Workloads(kind) => Stream::Workloads(kind),
+        }
+    }
+}
+
+/// Per kind of object: the Namespaces, ConfigMaps and Secrets, and each workload kind.
 const STREAMS: usize = 3 + WorkloadKind::ALL.len();
 
 impl Stream {
@@ -370,7 +414,8 @@ pub struct State {
     /// there to recompute it. So each workload has one touch in flight at most, and what became
     /// due meanwhile is decided again once it is done.
     in_flight: HashMap<WorkloadKey, InFlight>,
-    synced: HashSet<Stream>,
+    /// The streams listed, with the namespace of a namespace's own watch.
+    synced: HashSet<(Stream, Option<String>)>,
     reconciled: bool,
     next_resync: Option<Instant>,
     /// Workloads over `--max-references` whose Warning Event this replica has recorded.
@@ -462,7 +507,16 @@ impl State {
 
     /// Whether every watch has listed.
     pub fn is_synced(&self) -> bool {
-        self.synced.len() == STREAMS
+        self.synced.len() == self.streams()
+    }
+
+    /// How many streams must list: every kind once, or every kind but the Namespaces once per
+    /// namespace watched (`--watch-namespaces`).
+    fn streams(&self) -> usize {
+        match &self.config.watch_namespaces {
+            None => STREAMS,
+            Some(list) => 1 + (STREAMS - 1) * list.len(),
+        }
     }
 
     /// When something is due next: hand [`Input::Wake`] then.
@@ -489,7 +543,10 @@ impl State {
     pub fn handle(&mut self, input: Input, now: Instant) -> Vec<Effect> {
         match input {
             Input::Config(ConfigSource::Watch(kind), change) => {
-                self.config_watched(kind, change, now)
+                self.config_watched(kind, None, change, now)
+            }
+            Input::Config(ConfigSource::WatchIn(kind, namespace), change) => {
+                self.config_watched(kind, Some(namespace), change, now)
             }
             Input::Config(
                 ConfigSource::Backfill {
@@ -499,8 +556,27 @@ impl State {
                 change,
             ) => self.namespace_listed(namespace, generation, change, now),
             Input::Namespace(change) => self.namespace_watched(change, now),
-            Input::Workload(kind, change) => self.workload_watched(kind, change, now),
-            Input::NotServed(kind) => self.listed(Stream::Workloads(kind)),
+            Input::Workload(kind, change) => self.workload_watched(kind, None, change, now),
+            Input::WorkloadIn(kind, namespace, change) => {
+                self.workload_watched(kind, Some(namespace), change, now)
+            }
+            Input::Forbidden(what, namespace) => {
+                if !self
+                    .synced
+                    .contains(&(what.stream(), Some(namespace.clone())))
+                {
+                    tracing::debug!(?what, namespace, "may not list: counted as listed, empty");
+                    self.listed(what.stream(), Some(namespace));
+                }
+            }
+            Input::NotServed(kind) => match self.config.watch_namespaces.clone() {
+                None => self.listed(Stream::Workloads(kind), None),
+                Some(list) => {
+                    for namespace in list {
+                        self.listed(Stream::Workloads(kind), Some(namespace));
+                    }
+                }
+            },
             Input::Leader(leader) => self.leadership(leader, now),
             Input::Key(key) => self.key = key,
             Input::Touched(key, result) => self.touched(key, result, now),
@@ -527,9 +603,11 @@ impl State {
 
     // ----- watches -----
 
+    /// A ConfigMap or Secret watch's change; `scope`: the namespace of a namespace's own watch.
     fn config_watched(
         &mut self,
         kind: ObjectKind,
+        scope: Option<String>,
         change: Watched<ConfigKey, Option<StoredConfig>>,
         now: Instant,
     ) {
@@ -540,7 +618,7 @@ impl State {
                 let gone: Vec<ConfigKey> = self
                     .configs
                     .keys()
-                    .filter(|(_, r)| r.kind == kind)
+                    .filter(|(ns, r)| r.kind == kind && scope.as_deref().is_none_or(|s| s == *ns))
                     .map(|(ns, r)| (ns.to_owned(), r.clone()))
                     .filter(|k| !seen.contains(k))
                     .collect();
@@ -548,7 +626,7 @@ impl State {
                     self.configs.remove(&key);
                     self.content_changed(key, now);
                 }
-                self.listed(Stream::from_kind(kind));
+                self.listed(Stream::from_kind(kind), scope);
             }
         }
     }
@@ -628,7 +706,7 @@ impl State {
                 self.excluded.retain(|n| seen.contains(n));
                 self.backfills.retain(|n, _| seen.contains(n));
                 self.terminating.retain(|n| seen.contains(n));
-                self.listed(Stream::Namespaces);
+                self.listed(Stream::Namespaces, None);
                 return;
             }
         };
@@ -639,10 +717,13 @@ impl State {
                 self.terminating.remove(&name);
             }
         }
-        // An excluded namespace is never opted in, whatever its labels say.
+        // An excluded namespace, or one outside `--watch-namespaces`, is never opted in,
+        // whatever its labels say.
         match seen.map(|s| {
             (
-                s.opted_in && !self.config.excluded_namespaces.contains(&name),
+                s.opted_in
+                    && !self.config.excluded_namespaces.contains(&name)
+                    && self.config.watches(&name),
                 s.at,
             )
         }) {
@@ -702,9 +783,11 @@ impl State {
         );
     }
 
+    /// A workload watch's change; `scope`: the namespace of a namespace's own watch.
     fn workload_watched(
         &mut self,
         kind: WorkloadKind,
+        scope: Option<String>,
         change: Watched<WorkloadKey, Option<WorkloadEntry>>,
         now: Instant,
     ) {
@@ -758,7 +841,8 @@ impl State {
             }
             Watched::Relisted(seen) => {
                 for key in self.workloads.keys_of(kind) {
-                    if !seen.contains(&key) {
+                    let in_scope = scope.as_deref().is_none_or(|s| s == key.namespace);
+                    if in_scope && !seen.contains(&key) {
                         self.bypassed.remove(&key);
                         self.forget_touches(&key);
                         self.workloads.remove(&key);
@@ -767,7 +851,7 @@ impl State {
                 }
                 self.metrics
                     .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
-                self.listed(Stream::Workloads(kind));
+                self.listed(Stream::Workloads(kind), scope);
             }
         }
     }
@@ -775,7 +859,9 @@ impl State {
     /// Whether a workload is handled wherever its namespace stands: labelled
     /// `confighash.dev/enabled=true`, outside the excluded namespaces.
     fn opts_in(&self, key: &WorkloadKey, entry: &WorkloadEntry) -> bool {
-        entry.opted_in && !self.config.excluded_namespaces.contains(&key.namespace)
+        entry.opted_in
+            && !self.config.excluded_namespaces.contains(&key.namespace)
+            && self.config.watches(&key.namespace)
     }
 
     /// Whether the ConfigMaps and Secrets of a namespace are kept: it is not known to be left
@@ -839,13 +925,18 @@ impl State {
     }
 
     /// A watch's list is in (or there is nothing to list).
-    fn listed(&mut self, stream: Stream) {
+    fn listed(&mut self, stream: Stream, scope: Option<String>) {
         if matches!(stream, Stream::ConfigMaps | Stream::Secrets) {
             // A whole list of the cluster's config passed through; only digests stay.
             self.effects.push(Effect::ReleaseMemory);
         }
-        self.synced.insert(stream);
-        tracing::debug!(?stream, synced = self.synced.len(), of = STREAMS, "listed");
+        self.synced.insert((stream, scope));
+        tracing::debug!(
+            ?stream,
+            synced = self.synced.len(),
+            of = self.streams(),
+            "listed"
+        );
         self.metrics.set_synced(self.is_synced());
     }
 

@@ -124,6 +124,8 @@ pub struct Webhook {
     /// Namespaces whose objects are never read: `kube-system`, confighash's own and
     /// `--exclude-namespaces`.
     excluded: BTreeSet<String>,
+    /// `--watch-namespaces`: the only namespaces whose objects are read (`None`: every one).
+    watched: Option<BTreeSet<String>>,
     /// `--dry-run`: decide and count as usual, answer without the patch.
     dry_run: bool,
 }
@@ -139,6 +141,7 @@ impl Webhook {
             options: rules::Options::default(),
             max_references: DEFAULT_MAX_REFERENCES,
             excluded: BTreeSet::from([KUBE_SYSTEM.to_owned()]),
+            watched: None,
             dry_run: false,
         }
     }
@@ -165,6 +168,13 @@ impl Webhook {
         namespaces: impl IntoIterator<Item = String>,
     ) -> Self {
         self.excluded.extend(namespaces);
+        self
+    }
+
+    /// `--watch-namespaces`: reviews of workloads in any other namespace are allowed unchanged
+    /// without a read, whatever the sender says of its labels.
+    pub fn with_watch_namespaces(mut self, namespaces: Option<BTreeSet<String>>) -> Self {
+        self.watched = namespaces;
         self
     }
 
@@ -606,6 +616,16 @@ impl Webhook {
             // The namespace labels the review claims are the sender's words: objects here are
             // never read.
             tracing::debug!("excluded namespace; allowed unchanged");
+            self.metrics
+                .request(label, operation, Outcome::Skipped.as_str());
+            return Ok(None);
+        }
+        if self
+            .watched
+            .as_ref()
+            .is_some_and(|list| !list.contains(namespace))
+        {
+            tracing::debug!("namespace outside --watch-namespaces; allowed unchanged");
             self.metrics
                 .request(label, operation, Outcome::Skipped.as_str());
             return Ok(None);

@@ -71,6 +71,9 @@ pub struct Install {
     pub certs_secret: String,
     /// Namespaces the webhook excludes besides its own and `kube-system`.
     pub excluded: Vec<String>,
+    /// Least-privilege mode (`--watch-namespaces`): the only namespaces read and touched, with
+    /// a Role in each; empty: the whole cluster.
+    pub watched: Vec<String>,
 }
 
 impl Install {
@@ -82,6 +85,7 @@ impl Install {
             key_secret: format!("{name}-key"),
             certs_secret: format!("{name}-certs"),
             excluded: Vec::new(),
+            watched: Vec::new(),
         }
     }
 }
@@ -540,7 +544,11 @@ pub fn check_webhook_selects(objects: &[Value], install: &Install) {
     let opted_in = [(ENABLED_LABEL, "true")];
     let namespace = namespace_labels;
     assert!(namespaces.matches(&namespace(APP, &opted_in)));
-    assert!(namespaces.matches(&namespace("team-a", &[(ENABLED_LABEL, "true"), ("x", "y")])));
+    let watched = |ns: &str| install.watched.is_empty() || install.watched.iter().any(|w| w == ns);
+    assert_eq!(
+        namespaces.matches(&namespace("team-a", &[(ENABLED_LABEL, "true"), ("x", "y")])),
+        watched("team-a")
+    );
     assert!(!namespaces.matches(&namespace(APP, &[])));
     assert!(!namespaces.matches(&namespace(APP, &[(ENABLED_LABEL, "false")])));
     assert!(!namespaces.matches(&namespace(APP, &[(ENABLED_LABEL, "True")])));
@@ -1099,22 +1107,57 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
         // src/webhook/lookup.rs: the webhook reads referenced objects.
         req("get", "", "configmaps", app, Some("app-env")),
         req("get", "", "secrets", app, Some("db")),
-        // src/watcher/mod.rs: cluster-wide watches of ConfigMaps, Secrets and Namespaces.
-        req("list", "", "configmaps", None, None),
-        req("watch", "", "configmaps", None, None),
-        req("list", "", "secrets", None, None),
-        req("watch", "", "secrets", None, None),
+        // src/watcher/run.rs: watches of Namespaces, cluster-wide.
         req("list", "", "namespaces", None, None),
         req("watch", "", "namespaces", None, None),
         // kube's Recorder: an events.k8s.io Event, patched when it repeats.
         req("create", EVENTS, "events", app, None),
         req("patch", EVENTS, "events", app, Some("web.17a2b3c4d5e6f708")),
     ];
-    // src/watcher/mod.rs: watch every workload kind, touch one with a merge patch.
+    // src/watcher/run.rs: watch ConfigMaps, Secrets and every workload kind, cluster-wide or in
+    // each namespace of --watch-namespaces; touch a workload with a patch, read it when the
+    // patch's condition fails.
+    let scopes: Vec<Option<&str>> = if install.watched.is_empty() {
+        vec![None]
+    } else {
+        install.watched.iter().map(|n| Some(n.as_str())).collect()
+    };
+    for scope in scopes {
+        for resource in ["configmaps", "secrets"] {
+            reqs.push(req("list", "", resource, scope, None));
+            reqs.push(req("watch", "", resource, scope, None));
+        }
+        for (group, resource) in workload_resources() {
+            reqs.push(req("list", group, resource, scope, None));
+            reqs.push(req("watch", group, resource, scope, None));
+        }
+    }
+    for (group, resource) in workload_resources() {
+        reqs.push(req("get", group, resource, app, Some("web")));
+        reqs.push(req("patch", group, resource, app, Some("web")));
+    }
+    reqs
+}
+
+/// A namespace outside every `--watch-namespaces` list of the tests.
+pub const UNWATCHED: &str = "payroll";
+
+/// What least-privilege mode must not be allowed: reading ConfigMaps and Secrets of the whole
+/// cluster, or of a namespace outside the list, and touching workloads there.
+pub fn unwatched_requests() -> Vec<Req> {
+    let other = Some(UNWATCHED);
+    let mut reqs = vec![
+        req("list", "", "secrets", None, None),
+        req("watch", "", "secrets", None, None),
+        req("list", "", "configmaps", None, None),
+        req("get", "", "secrets", other, Some("db")),
+        req("list", "", "secrets", other, None),
+        req("get", "", "configmaps", other, Some("app-env")),
+        req("create", EVENTS, "events", other, None),
+    ];
     for (group, resource) in workload_resources() {
         reqs.push(req("list", group, resource, None, None));
-        reqs.push(req("watch", group, resource, None, None));
-        reqs.push(req("patch", group, resource, app, Some("web")));
+        reqs.push(req("patch", group, resource, other, Some("web")));
     }
     reqs
 }
@@ -1272,6 +1315,9 @@ pub fn check_rbac(rbac: &str, install: &Install, self_signed: bool) {
         assert!(authz.allows(&sa, &r.attributes()), "denied: {r:?}");
     }
     let mut forbidden = forbidden_requests(install);
+    if !install.watched.is_empty() {
+        forbidden.extend(unwatched_requests());
+    }
     if !self_signed {
         // confighash writes no certificates then, so it may not. (Reading and creating
         // Secrets stay allowed: the watcher reads them all, and the key Secret is created

@@ -102,6 +102,11 @@ answered; and a budget that no replica may leave blocks every node drain.
 {{- fail (printf "podDisruptionBudget.minAvailable (%d) must be below replicaCount (%d), or no node that runs a replica could be drained; with one replica set podDisruptionBudget.enabled=false" (int .Values.podDisruptionBudget.minAvailable) (int .Values.replicaCount)) }}
 {{- end }}
 {{- end }}
+{{- range .Values.watchNamespaces }}
+{{- if or (eq . "kube-system") (eq . $.Release.Namespace) }}
+{{- fail (printf "watchNamespaces may not list %s: confighash never reads or touches kube-system or its own namespace (%s)" . $.Release.Namespace) }}
+{{- end }}
+{{- end }}
 {{- if and (eq .Values.certificates.mode "certManager") .Values.certificates.certManager.issuerRef }}
 {{- if not .Values.certificates.certManager.issuerRef.name }}
 {{- fail "certificates.certManager.issuerRef needs a name (or leave it empty for the chart's own CA)" }}
