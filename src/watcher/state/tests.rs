@@ -2723,4 +2723,5 @@ fn a_namespace_terminating_mid_rollout_lets_go_without_an_event() {
 
 mod dry_run;
 mod flap;
+mod namespaces;
 mod races;
