@@ -123,6 +123,36 @@ async fn objects_in_kube_system_its_own_and_excluded_namespaces_are_never_read()
     assert_eq!(h.reads(), 0, "{:?}", h.api.requests());
 }
 
+/// Least-privilege mode: forged reviews of workloads outside `--watch-namespaces` (whatever
+/// labels they claim) cause no read; inside the list they are read and stamped as usual.
+#[tokio::test]
+async fn objects_outside_watch_namespaces_are_never_read() {
+    let h = api_with_config_map("a").await;
+    let webhook = h
+        .webhook()
+        .with_watch_namespaces(Some([NS.to_owned()].into()));
+    for labels in [json!({}), json!({"confighash.dev/enabled": "true"})] {
+        let mut object = web("tenant-x", &names(20), json!({})).json();
+        object["metadata"]["labels"] = labels;
+        for body in [
+            Review::create(&object).bytes(),
+            Review::update(&object, &object).bytes(),
+        ] {
+            let reply = webhook.answer(&body).await.unwrap();
+            assert_eq!(reply["response"]["allowed"], true);
+            assert!(reply["response"]["patch"].is_null(), "{reply}");
+        }
+    }
+    assert_eq!(h.reads(), 0, "{:?}", h.api.requests());
+    let object = web(NS, &[], json!({})).json();
+    let reply = webhook
+        .answer(&Review::create(&object).bytes())
+        .await
+        .unwrap();
+    assert!(stamp_of(&patched(&object, &reply)).is_some());
+    assert_eq!(h.reads(), 1);
+}
+
 #[tokio::test]
 async fn a_workload_over_max_references_is_marked_for_good_and_nothing_is_read() {
     let h = api_with_config_map("a").await;
