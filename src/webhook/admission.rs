@@ -599,6 +599,22 @@ impl Webhook {
             .await
     }
 
+    /// Why objects of `namespace` are never read, if they are not: excluded, or outside
+    /// `--watch-namespaces`.
+    fn never_read(&self, namespace: &str) -> Option<&'static str> {
+        if self.excluded.contains(namespace) {
+            Some("excluded namespace")
+        } else if self
+            .watched
+            .as_ref()
+            .is_some_and(|list| !list.contains(namespace))
+        {
+            Some("namespace outside --watch-namespaces")
+        } else {
+            None
+        }
+    }
+
     /// [`Self::decide`] for a workload review whose namespace and name were checked. Whether the
     /// namespace is opted in, or the workload by its own `confighash.dev/enabled=true`, is the API
     /// server's to decide (the webhook entries' selectors): the labels a review shows are the
@@ -612,20 +628,10 @@ impl Webhook {
         budget: &MemoryBudget,
     ) -> Result<Option<Vec<u8>>, BadRequest> {
         let label = kind.kind();
-        if self.excluded.contains(namespace) {
+        if let Some(why) = self.never_read(namespace) {
             // The namespace labels the review claims are the sender's words: objects here are
             // never read.
-            tracing::debug!("excluded namespace; allowed unchanged");
-            self.metrics
-                .request(label, operation, Outcome::Skipped.as_str());
-            return Ok(None);
-        }
-        if self
-            .watched
-            .as_ref()
-            .is_some_and(|list| !list.contains(namespace))
-        {
-            tracing::debug!("namespace outside --watch-namespaces; allowed unchanged");
+            tracing::debug!("{why}; allowed unchanged");
             self.metrics
                 .request(label, operation, Outcome::Skipped.as_str());
             return Ok(None);

@@ -118,16 +118,30 @@ fn synced_once_every_listed_namespace_has_listed_and_a_relist_stays_in_its_names
 
 #[test]
 fn a_namespace_outside_the_list_is_never_opted_in() {
-    let mut t = Test::leader(watching(&[NS]));
-    namespaces_listed(&mut t, &[(NS, true), (PAYROLL, true)]);
+    let mut t = Test::leader(watching(&[NS, BLOG]));
+    namespaces_listed(&mut t, &[(NS, true), (BLOG, false), (PAYROLL, false)]);
     list_namespace(&mut t, NS, &[app_env("info")], &[]);
+    list_namespace(&mut t, BLOG, &[], &[]);
     assert!(t.state.is_synced());
-    // Were a workload of payroll to reach the state (no watch covers it), with its own label
-    // too, it would not be touched: its namespace is outside the list.
+    let backfills = |effects: &[Effect]| -> Vec<String> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Backfill { namespace, .. } => Some(namespace.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    // A listed namespace that opts in has its ConfigMaps and Secrets listed; one outside the
+    // list, labelled alike, has nothing read.
+    assert_eq!(backfills(&t.namespace(1.0, BLOG, true)), [BLOG]);
+    assert_eq!(t.namespace(1.0, PAYROLL, true), []);
+    // Nor does a workload there that opts in by its own label (were one to reach the state:
+    // no watch covers it) have its namespace listed, or get touched.
+    t.namespace(2.0, PAYROLL, false);
     let mut w = deployment(PAYROLL, "web", &[("configMap", "app-env")]);
     w.labels = json!({ENABLED_LABEL: "true"});
-    let w = w.stamped("stale");
-    assert_eq!(t.workload(1.0, &w), []);
+    assert_eq!(t.workload(3.0, &w), []);
     assert_eq!(t.wake(700.0), [], "nor at the resync");
 }
 
