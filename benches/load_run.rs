@@ -468,10 +468,11 @@ async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
             LOOKUP_DEADLINE,
             &Metrics::new(),
             &lookup::MemoryBudget::new(1 << 26),
+            u64::MAX,
         )
         .await
         .expect("the in-memory lookup");
-    match resolved.lookup(key, namespace, &info.refs, false) {
+    match resolved.lookup(key, namespace, &info.refs, false, u64::MAX) {
         Lookup::Resolved {
             expected,
             required_absent: false,

@@ -97,6 +97,8 @@ pub struct Config {
     pub lookup_deadline: Duration,
     /// Distinct ConfigMaps and Secrets a workload may reference (`--max-references`).
     pub max_references: usize,
+    /// The decoded bytes the recipe may read for one workload (`--max-reference-bytes`).
+    pub max_reference_bytes: u64,
     /// Namespaces never read or touched besides `kube-system` and the pod's own
     /// (`--exclude-namespaces`).
     pub exclude_namespaces: Vec<String>,
@@ -213,6 +215,7 @@ impl Default for Config {
             max_connections: crate::webhook::server::DEFAULT_MAX_CONNECTIONS,
             lookup_deadline: admission::DEFAULT_LOOKUP_DEADLINE,
             max_references: crate::core::names::DEFAULT_MAX_REFERENCES,
+            max_reference_bytes: crate::core::names::DEFAULT_MAX_REFERENCE_BYTES,
             exclude_namespaces: Vec::new(),
             watch_namespaces: None,
             rules: crate::core::rules::Options::default(),
@@ -493,6 +496,7 @@ impl App {
         .with_lookup_deadline(config.lookup_deadline)
         .with_options(config.rules)
         .with_max_references(config.max_references)
+        .with_max_reference_bytes(config.max_reference_bytes)
         .with_excluded_namespaces(excluded_namespaces(config, namespace))
         .with_watch_namespaces(config.watch_namespaces.clone())
         .with_dry_run(config.dry_run)
@@ -517,6 +521,7 @@ impl App {
             flap_period: watcher.flap_period,
             identity: identity(config),
             max_references: config.max_references,
+            max_reference_bytes: config.max_reference_bytes,
             excluded_namespaces: excluded_namespaces(config, namespace)
                 .chain([crate::core::names::KUBE_SYSTEM.to_owned()])
                 .collect(),

@@ -243,6 +243,12 @@ pub struct ServeArgs {
     /// workload is marked `confighash.dev/unstamped: too-many-references` (never retried).
     #[arg(long, env = "CONFIGHASH_MAX_REFERENCES", value_name = "N", default_value_t = crate::core::names::DEFAULT_MAX_REFERENCES, value_parser = parse_max_references)]
     pub max_references: usize,
+    /// The decoded bytes of ConfigMap and Secret values the recipe may read for one workload
+    /// (a number of bytes, or with Ki, Mi or Gi). Over it the webhook stops reading, keeps the
+    /// stamp (a new workload is marked `confighash.dev/unstamped: too-large`, which reconcile
+    /// retries) and the watcher does not roll it.
+    #[arg(long, env = "CONFIGHASH_MAX_REFERENCE_BYTES", value_name = "SIZE", default_value = "16Mi", value_parser = parse_size)]
+    pub max_reference_bytes: u64,
     /// Namespaces whose objects the webhook never reads and the watcher never touches, besides
     /// `kube-system` and confighash's own (comma separated; the webhook configuration should
     /// exclude them too).
@@ -389,6 +395,7 @@ impl ServeArgs {
             max_connections: self.max_connections,
             lookup_deadline: self.lookup_deadline,
             max_references: self.max_references,
+            max_reference_bytes: self.max_reference_bytes,
             exclude_namespaces: self.exclude_namespaces.clone(),
             watch_namespaces: self
                 .watch_namespaces
@@ -454,6 +461,29 @@ fn parse_max_references(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if (1..=100_000).contains(&n) => Ok(n),
         _ => Err(format!("{s:?} is not a number from 1 to 100000")),
+    }
+}
+
+/// A size in bytes: a number, or a number followed by `Ki`, `Mi` or `Gi`; from 1 byte to 4Gi.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let err =
+        || format!("{s:?} is not a size from 1 to 4Gi (bytes, or a number with Ki, Mi or Gi)");
+    let (number, shift) = match s.len().checked_sub(2).map(|i| s.split_at(i)) {
+        Some((n, "Ki")) => (n, 10),
+        Some((n, "Mi")) => (n, 20),
+        Some((n, "Gi")) => (n, 30),
+        _ => (s, 0),
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(err());
+    }
+    match number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_shl(shift).filter(|v| v >> shift == n))
+    {
+        Some(n) if (1..=4 << 30).contains(&n) => Ok(n),
+        _ => Err(err()),
     }
 }
 

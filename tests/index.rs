@@ -158,7 +158,7 @@ fn lookup_gives_the_stamp_the_whole_objects_give() {
     let from_objects = checksum::compute_stamp(Some(&key()), "shop", &refs, state);
     let from_objects_v1 = checksum::compute_stamp_v1(Some(&key()), &refs, state);
     assert_eq!(
-        store.lookup(&key(), "shop", &refs, false),
+        store.lookup(&key(), "shop", &refs, false, u64::MAX),
         Lookup::Resolved {
             expected: from_objects.clone(),
             expected_v1: None,
@@ -167,7 +167,7 @@ fn lookup_gives_the_stamp_the_whole_objects_give() {
     );
     // The v1 stamp, to check stamps of earlier releases, comes from the same digests.
     assert_eq!(
-        store.lookup(&key(), "shop", &refs, true),
+        store.lookup(&key(), "shop", &refs, true, u64::MAX),
         Lookup::Resolved {
             expected: from_objects.clone(),
             expected_v1: Some(from_objects_v1.clone()),
@@ -181,7 +181,7 @@ fn lookup_gives_the_stamp_the_whole_objects_give() {
         expected,
         expected_v1,
         ..
-    } = store.lookup(&key(), "shop-2", &refs, true)
+    } = store.lookup(&key(), "shop-2", &refs, true, u64::MAX)
     else {
         panic!("the store always resolves");
     };
@@ -192,7 +192,7 @@ fn lookup_gives_the_stamp_the_whole_objects_give() {
     store.remove(&secret_key("shop", "db"));
     let Lookup::Resolved {
         required_absent, ..
-    } = store.lookup(&key(), "shop", &refs, false)
+    } = store.lookup(&key(), "shop", &refs, false, u64::MAX)
     else {
         panic!("the store always resolves");
     };

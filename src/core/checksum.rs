@@ -182,6 +182,8 @@ pub fn is_current(stamp: &str, key_id: &str) -> bool {
 pub trait Entries {
     fn for_each_entry(&self, f: &mut dyn FnMut(&str, Tag, &ValueDigest));
     fn entry(&self, key: &str) -> Option<(Tag, ValueDigest)>;
+    /// The decoded bytes of all values (`--max-reference-bytes` counts them).
+    fn bytes(&self) -> u64;
 }
 
 /// What the recipe knows about one referenced object.
@@ -200,13 +202,17 @@ pub enum RefState<'a> {
 /// The watcher keeps one of these for every ConfigMap and Secret it watches, so they are packed
 /// into a single allocation: per entry, in key order, the key's length (LEB128), the key, the tag
 /// (0 data, 1 binaryData) and the 32-byte digest. Objects have few keys, so lookups scan.
+/// Beside them, the decoded bytes of all values: what reading the object for the recipe costs
+/// (`--max-reference-bytes`).
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct ObjectDigest {
     packed: Box<[u8]>,
+    bytes: u64,
 }
 
 impl ObjectDigest {
-    /// Builds from already computed digests. A key given twice keeps the last.
+    /// Builds from already computed digests, with no byte count (see [`ObjectDigest::with_bytes`]).
+    /// A key given twice keeps the last.
     pub fn from_digests(entries: impl IntoIterator<Item = (String, Tag, ValueDigest)>) -> Self {
         let sorted: BTreeMap<String, (Tag, ValueDigest)> =
             entries.into_iter().map(|(k, t, d)| (k, (t, d))).collect();
@@ -217,12 +223,18 @@ impl ObjectDigest {
         packer.finish()
     }
 
-    /// Hashes every value of a whole object.
+    /// Hashes every value of a whole object, and counts their decoded bytes.
     pub fn from_view(view: &ObjectView<'_>) -> Self {
         // The view is sorted by key with each key once, as the packed form needs.
         let mut packer = Packer::default();
         view.for_each_entry(&mut |k, t, d| packer.push(k, t, d));
-        packer.finish()
+        packer.finish().with_bytes(view.bytes())
+    }
+
+    /// The same digests, with `bytes` as the decoded size of the object's values.
+    pub fn with_bytes(mut self, bytes: u64) -> Self {
+        self.bytes = bytes;
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -275,6 +287,7 @@ impl Packer {
     fn finish(self) -> ObjectDigest {
         ObjectDigest {
             packed: self.buf.into_boxed_slice(),
+            bytes: 0,
         }
     }
 }
@@ -329,6 +342,10 @@ impl Entries for ObjectDigest {
             }
         }
         None
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
@@ -394,6 +411,10 @@ impl Entries for ObjectView<'_> {
         let i = self.entries.binary_search_by(|e| e.0.cmp(key)).ok()?;
         let (_, t, v) = self.entries[i];
         Some((t, Sha256::digest(v).into()))
+    }
+
+    fn bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.2.len() as u64).sum()
     }
 }
 

@@ -14,6 +14,9 @@ pub const UNSTAMPED_LOOKUP_FAILED: &str = "lookup-failed";
 /// The value of [`UNSTAMPED_ANNOTATION`] when the workload references more objects than
 /// `--max-references`: terminal, reconcile leaves it.
 pub const UNSTAMPED_TOO_MANY_REFERENCES: &str = "too-many-references";
+/// The value of [`UNSTAMPED_ANNOTATION`] when the workload's references hold more decoded bytes
+/// than `--max-reference-bytes`: reconcile retries it (Secrets shrink without a workload write).
+pub const UNSTAMPED_TOO_LARGE: &str = "too-large";
 /// The annotation that leaves a ConfigMap or Secret out of every checksum (value exactly "true").
 pub const IGNORE_ANNOTATION: &str = "confighash.dev/ignore";
 /// Workload annotation naming extra ConfigMaps (comma separated) the pod spec does not show.
@@ -34,9 +37,16 @@ pub const KUBE_SYSTEM: &str = "kube-system";
 /// reference before it is left unstamped (`too-many-references`).
 pub const DEFAULT_MAX_REFERENCES: usize = 256;
 
+/// The default of `--max-reference-bytes`: the decoded bytes the recipe may read for one
+/// workload (16 MiB) before it is left unstamped (`too-large`).
+pub const DEFAULT_MAX_REFERENCE_BYTES: u64 = 16 << 20;
+
 // The reasons of the Events confighash records on workloads (the contract's Events table).
 /// The reason of the Warning Event on a workload over `--max-references`.
 pub const TOO_MANY_REFERENCES_REASON: &str = "TooManyReferences";
+/// The reason of the Warning Event on a workload whose references hold more than
+/// `--max-reference-bytes`, once each time it goes over.
+pub const REFERENCES_TOO_LARGE_REASON: &str = "ReferencesTooLarge";
 /// The reason of the Event on a workload whose pod template was re-stamped.
 pub const CONFIG_CHANGED_REASON: &str = "ConfigChanged";
 /// The reason of the Warning Event on a workload whose touch keeps failing.

@@ -3,7 +3,9 @@
 //! The *expected stamp* is the recipe over the current state of a workload's references. The
 //! stamp on a workload becomes the expected stamp, except:
 //! 1. the lookup failed: nothing changes (UPDATE keeps the old object's stamp; CREATE gets the
-//!    `confighash.dev/unstamped` marker instead of a stamp);
+//!    `confighash.dev/unstamped` marker instead of a stamp). So does a workload whose references
+//!    hold more decoded bytes than `--max-reference-bytes` ([`Lookup::TooLarge`]; its marker
+//!    says `too-large`, and reconcile retries it: Secrets shrink without any workload write);
 //! 2. a required reference is absent: an existing stamp is kept (unless `--roll-on-delete`);
 //! 3. the stamp is foreign (another key, an unknown recipe, malformed), or missing on a workload
 //!    that predates confighash: kept by reconcile and by every UPDATE that neither carries a new
@@ -60,6 +62,9 @@ pub enum Trigger<'a> {
 pub enum Lookup {
     /// Reading a reference failed (any error but NotFound, or the deadline passed).
     Failed,
+    /// The references hold more decoded bytes than the limit (`--max-reference-bytes`): at
+    /// least `bytes` (the webhook stops reading once past the limit).
+    TooLarge { bytes: u64 },
     /// Every reference was read (NotFound counts as read: absent).
     Resolved {
         /// The expected stamp: recipe v2, the only one ever written.
@@ -81,14 +86,20 @@ pub trait View {
 
 /// The rules' view of a workload's references in `namespace`: the expected stamp (signed with
 /// `key`, plain without), the expected v1 stamp over the same state when `with_v1` (see
-/// [`needs_v1`]), and whether a required reference is absent.
+/// [`needs_v1`]), and whether a required reference is absent; or [`Lookup::TooLarge`] when
+/// the references hold more than `max_bytes` ([`reference_bytes`]).
 pub fn expected(
     view: &impl View,
     key: Option<&StampKey>,
     namespace: &str,
     refs: &References,
     with_v1: bool,
+    max_bytes: u64,
 ) -> Lookup {
+    let bytes = reference_bytes(view, refs);
+    if bytes > max_bytes {
+        return Lookup::TooLarge { bytes };
+    }
     Lookup::Resolved {
         expected: expected_stamp(view, key, namespace, refs),
         expected_v1: with_v1.then(|| checksum::compute_stamp_v1(key, refs, |r| view.state(r))),
@@ -96,6 +107,17 @@ pub fn expected(
             .iter()
             .any(|(r, spec)| !spec.optional && matches!(view.state(r), RefState::Absent)),
     }
+}
+
+/// The decoded bytes the recipe reads for a workload: the values of every referenced object that
+/// exists and is not ignored, each object once. `--max-reference-bytes` bounds it.
+pub fn reference_bytes(view: &impl View, refs: &References) -> u64 {
+    refs.iter()
+        .map(|(r, _)| match view.state(r) {
+            RefState::Present(digest) => digest.bytes(),
+            RefState::Absent | RefState::Ignored => 0,
+        })
+        .fold(0, u64::saturating_add)
 }
 
 /// The stamp (recipe v2) a workload in `namespace` with references `refs` should carry.
@@ -127,6 +149,8 @@ pub enum Outcome {
     Unchanged,
     /// Rule 1: the lookup failed.
     KeptOnError,
+    /// Rule 1: the references hold more than `--max-reference-bytes`.
+    KeptTooLarge,
     /// Rule 2: a required reference is absent.
     KeptAbsent,
     /// Rule 3: a foreign stamp is kept.
@@ -138,10 +162,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 7] = [
+    pub const ALL: [Outcome; 8] = [
         Outcome::Stamped,
         Outcome::Unchanged,
         Outcome::KeptOnError,
+        Outcome::KeptTooLarge,
         Outcome::KeptAbsent,
         Outcome::KeptForeign,
         Outcome::KeptUnstamped,
@@ -154,6 +179,7 @@ impl Outcome {
             Outcome::Stamped => "stamped",
             Outcome::Unchanged => "unchanged",
             Outcome::KeptOnError => "kept-on-error",
+            Outcome::KeptTooLarge => "too-large",
             Outcome::KeptAbsent => "kept-absent",
             Outcome::KeptForeign => "kept-foreign",
             Outcome::KeptUnstamped => "kept-unstamped",
@@ -242,10 +268,14 @@ pub fn decide(
 
     // Rule 1.
     let (expected, expected_v1, required_absent) = match lookup {
-        Lookup::Failed => {
+        Lookup::Failed | Lookup::TooLarge { .. } => {
+            let outcome = match lookup {
+                Lookup::TooLarge { .. } => Outcome::KeptTooLarge,
+                _ => Outcome::KeptOnError,
+            };
             return match trigger {
-                Trigger::Create => Decision::keep(current.stamp, true, Outcome::KeptOnError),
-                _ => Decision::keep(existing.stamp, existing.marker, Outcome::KeptOnError),
+                Trigger::Create => Decision::keep(current.stamp, true, outcome),
+                _ => Decision::keep(existing.stamp, existing.marker, outcome),
             };
         }
         Lookup::Resolved {

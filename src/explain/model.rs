@@ -15,7 +15,8 @@ use serde_json::Value;
 use crate::core::checksum::{RefState, StampKey};
 use crate::core::names::KUBE_SYSTEM;
 use crate::core::names::{
-    ENABLED_LABEL, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES,
+    DEFAULT_MAX_REFERENCE_BYTES, ENABLED_LABEL, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED,
+    UNSTAMPED_TOO_LARGE, UNSTAMPED_TOO_MANY_REFERENCES,
 };
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectRef, Selection};
@@ -134,6 +135,8 @@ pub enum Verdict {
     OptedOut,
     /// A required reference does not exist: the stamp is kept (rule 2).
     MissingReference,
+    /// The references hold more than `--max-reference-bytes`: the stamp is kept (rule 1).
+    TooLarge,
     /// Not enough could be read to say.
     Unknown,
 }
@@ -148,6 +151,7 @@ impl Verdict {
             Verdict::NotSelected => "not-selected",
             Verdict::OptedOut => "opted-out",
             Verdict::MissingReference => "missing-reference",
+            Verdict::TooLarge => "too-large",
             Verdict::Unknown => "unknown",
         }
     }
@@ -247,6 +251,9 @@ pub struct Reference {
     pub resource_version: Option<String>,
     /// How many keys the object has (found objects only).
     pub key_count: Option<usize>,
+    /// The decoded bytes of its values, as `--max-reference-bytes` counts them (found objects
+    /// that are not ignored).
+    pub bytes: Option<u64>,
     /// Selected keys the object does not have.
     pub absent_keys: Vec<String>,
     pub field_managers: Vec<FieldManager>,
@@ -368,7 +375,14 @@ pub fn explain(facts: &Facts) -> Result<Explanation, NotAWorkload> {
             marker: info.marker,
         };
         let with_v1 = rules::needs_v1(Trigger::Reconcile, current, key.id());
-        let lookup = rules::expected(&view, Some(key), &facts.namespace, &info.refs, with_v1);
+        let lookup = rules::expected(
+            &view,
+            Some(key),
+            &facts.namespace,
+            &info.refs,
+            with_v1,
+            DEFAULT_MAX_REFERENCE_BYTES,
+        );
         if let Lookup::Resolved { expected, .. } = &lookup {
             expected_stamp = Some(expected.to_string());
         }
@@ -613,6 +627,19 @@ fn stamp_verdict(
         }
         Some(Outcome::KeptForeign) => foreign(),
         Some(Outcome::KeptUnstamped) => unstamped(),
+        Some(Outcome::KeptTooLarge) => {
+            let bytes: u64 = references.iter().filter_map(|r| r.bytes).sum();
+            (
+                Verdict::TooLarge,
+                format!(
+                    "its references hold {bytes} bytes of values, more than serve's default \
+                     --max-reference-bytes ({DEFAULT_MAX_REFERENCE_BYTES}): the webhook stops \
+                     reading them, keeps the stamp it has (a new workload gets \
+                     {UNSTAMPED_ANNOTATION}: {UNSTAMPED_TOO_LARGE}), and the watcher does not \
+                     roll it; once they shrink, the next change or reconcile stamps it"
+                ),
+            )
+        }
         Some(Outcome::Stamped) => match stamp.class {
             "none" => unstamped(),
             "foreign" => foreign(),
@@ -642,6 +669,12 @@ fn unstamped_reason(marker: Option<&str>) -> String {
             "the webhook could not read its references when it was created and marked it \
              {UNSTAMPED_ANNOTATION}: {UNSTAMPED_LOOKUP_FAILED}; the watcher's reconcile (at its \
              start and each --resync) stamps it"
+        ),
+        Some(UNSTAMPED_TOO_LARGE) => format!(
+            "its references held more bytes than serve's --max-reference-bytes when it was \
+             created, so the webhook marked it {UNSTAMPED_ANNOTATION}: {UNSTAMPED_TOO_LARGE}; the \
+             watcher's reconcile (at its start, each --resync and at a change of a reference) \
+             stamps it once they fit"
         ),
         Some(UNSTAMPED_TOO_MANY_REFERENCES) => format!(
             "it references more distinct ConfigMaps and Secrets than serve's --max-references, so \
@@ -853,6 +886,7 @@ fn reference(
         error: read.and_then(Read::error),
         resource_version: None,
         key_count: None,
+        bytes: None,
         absent_keys: Vec::new(),
         field_managers: Vec::new(),
     };
@@ -864,6 +898,7 @@ fn reference(
         } else {
             use crate::core::checksum::Entries;
             reference.key_count = Some(object.entry.digest.len());
+            reference.bytes = Some(object.entry.digest.bytes());
             reference.absent_keys = reference
                 .keys
                 .iter()

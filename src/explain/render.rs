@@ -325,6 +325,9 @@ fn reference(w: &mut String, r: &Reference) {
                     None => "keys not known".to_owned(),
                 }
             );
+            if let Some(bytes) = r.bytes {
+                let _ = write!(s, " ({bytes} bytes)");
+            }
             if !r.absent_keys.is_empty() {
                 let _ = write!(s, ", without {}", r.absent_keys.join(", "));
             }

@@ -538,6 +538,7 @@ fn references_show_selection_state_and_field_managers() {
     assert_eq!(cm.state, "found");
     assert_eq!(cm.resource_version.as_deref(), Some("41"));
     assert_eq!(cm.key_count, Some(1));
+    assert_eq!(cm.bytes, Some(4), "the decoded bytes of its values");
     assert_eq!(
         cm.field_managers
             .iter()
@@ -555,7 +556,9 @@ fn references_show_selection_state_and_field_managers() {
 
     let text = render::text(&e);
     assert!(
-        text.contains("ConfigMap app: whole object, required: found, 1 key, resourceVersion 41"),
+        text.contains(
+            "ConfigMap app: whole object, required: found, 1 key (4 bytes), resourceVersion 41"
+        ),
         "{text}"
     );
     assert!(

@@ -176,19 +176,21 @@ impl ConfigStore {
         self.len() == 0
     }
 
-    /// The rules' view of a workload's references in `namespace` ([`rules::expected`]).
+    /// The rules' view of a workload's references in `namespace` ([`rules::expected`]), over
+    /// `max_bytes` too large.
     pub fn lookup(
         &self,
         key: &StampKey,
         namespace: &str,
         refs: &References,
         with_v1: bool,
+        max_bytes: u64,
     ) -> Lookup {
         let view = InNamespace {
             store: self,
             namespace,
         };
-        rules::expected(&view, Some(key), namespace, refs, with_v1)
+        rules::expected(&view, Some(key), namespace, refs, with_v1, max_bytes)
     }
 }
 

@@ -33,8 +33,8 @@ mod follow;
 pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
 
 pub use crate::core::names::{
-    CONFIG_CHANGED_REASON, CONFIG_FLAPPING_REASON, TOO_MANY_REFERENCES_REASON, TOUCH_FAILED_REASON,
-    WOULD_ROLL_REASON,
+    CONFIG_CHANGED_REASON, CONFIG_FLAPPING_REASON, REFERENCES_TOO_LARGE_REASON,
+    TOO_MANY_REFERENCES_REASON, TOUCH_FAILED_REASON, WOULD_ROLL_REASON,
 };
 
 /// Global token bucket burst.
@@ -78,6 +78,8 @@ pub struct WatcherConfig {
     pub identity: String,
     /// `--max-references`: workloads over it are never touched.
     pub max_references: usize,
+    /// `--max-reference-bytes`: the decoded bytes the recipe may read for one workload.
+    pub max_reference_bytes: u64,
     /// Namespaces never touched whatever their labels: `kube-system`, confighash's own and
     /// `--exclude-namespaces`.
     pub excluded_namespaces: HashSet<String>,
@@ -113,6 +115,7 @@ impl Default for WatcherConfig {
             retry_base: Duration::from_secs(1),
             identity: "confighash".to_owned(),
             max_references: crate::core::names::DEFAULT_MAX_REFERENCES,
+            max_reference_bytes: crate::core::names::DEFAULT_MAX_REFERENCE_BYTES,
             excluded_namespaces: HashSet::from([crate::core::names::KUBE_SYSTEM.to_owned()]),
             bypass_grace: Some(BYPASS_GRACE),
             dry_run: false,
@@ -420,6 +423,9 @@ pub struct State {
     next_resync: Option<Instant>,
     /// Workloads over `--max-references` whose Warning Event this replica has recorded.
     warned_too_many: HashSet<WorkloadKey>,
+    /// Workloads over `--max-reference-bytes` whose Warning Event this replica has recorded
+    /// since they last fitted.
+    warned_too_large: HashSet<WorkloadKey>,
     /// When the watcher started: workloads created before it are not counted as bypassing.
     started: SystemTime,
     /// Workloads counted as bypassing the webhook, with the uid counted (each uid once).
@@ -481,6 +487,7 @@ impl State {
             reconciled: false,
             next_resync: None,
             warned_too_many: HashSet::new(),
+            warned_too_large: HashSet::new(),
             started,
             bypassed: HashMap::new(),
             touch_failed_at: HashMap::new(),
@@ -834,6 +841,7 @@ impl State {
             }
             Watched::Applied(key, None) | Watched::Deleted(key) => {
                 self.warned_too_many.remove(&key);
+                self.warned_too_large.remove(&key);
                 self.bypassed.remove(&key);
                 self.forget_touches(&key);
                 self.workloads.remove(&key);
@@ -994,6 +1002,26 @@ impl State {
                 "it references more than {} ConfigMaps and Secrets (--max-references): \
                  confighash does not read them, stamp it or roll it on config changes",
                 self.config.max_references
+            ),
+        });
+    }
+
+    /// Records that a workload's references hold more than `--max-reference-bytes`: it keeps
+    /// its stamp (or its marker) until they shrink.
+    fn warn_too_large(&mut self, key: &WorkloadKey, uid: &str, bytes: u64) {
+        tracing::warn!(workload = %key, bytes, max = self.config.max_reference_bytes,
+            "the workload's references hold more than --max-reference-bytes; it is not rolled");
+        self.record(WorkloadEvent {
+            workload: key.clone(),
+            uid: uid.to_owned(),
+            type_: EventType::Warning,
+            reason: REFERENCES_TOO_LARGE_REASON,
+            action: "Skip",
+            note: format!(
+                "its ConfigMaps and Secrets hold {bytes} bytes of values, more than {} \
+                 (--max-reference-bytes): confighash keeps its stamp and does not roll it until \
+                 they shrink",
+                self.config.max_reference_bytes
             ),
         });
     }
@@ -1178,8 +1206,9 @@ impl State {
     }
 
     /// Decides the stamp a workload should carry now, by the shared rules; `None` when it
-    /// should not be touched.
-    fn decide(&self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
+    /// should not be touched. A workload whose references hold more than
+    /// `--max-reference-bytes` gets a Warning Event each time it goes over.
+    fn decide(&mut self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
         let entry = self.workloads.get(key)?;
         if !(self.namespaces.contains_key(&key.namespace) || self.opts_in(key, entry))
             || self.backfills.contains_key(&key.namespace)
@@ -1194,9 +1223,13 @@ impl State {
         };
         let current = self.as_if_touched(key, entry, current);
         let with_v1 = rules::needs_v1(trigger, current, stamp_key.id());
-        let lookup = self
-            .configs
-            .lookup(stamp_key, &key.namespace, &entry.refs, with_v1);
+        let lookup = self.configs.lookup(
+            stamp_key,
+            &key.namespace,
+            &entry.refs,
+            with_v1,
+            self.config.max_reference_bytes,
+        );
         let decision = rules::decide(
             trigger,
             current,
@@ -1205,11 +1238,23 @@ impl State {
             stamp_key.id(),
             self.config.rules,
         );
-        if decision.changes(current) {
+        let stamp = if decision.changes(current) {
             decision.stamp
         } else {
             None
+        };
+        let uid = entry.uid.clone();
+        match lookup {
+            rules::Lookup::TooLarge { bytes } if !entry.opted_out => {
+                if self.warned_too_large.insert(key.clone()) {
+                    self.warn_too_large(key, &uid, bytes);
+                }
+            }
+            _ => {
+                self.warned_too_large.remove(key);
+            }
         }
+        stamp
     }
 
     fn window_closed(&mut self, changes: BTreeSet<ConfigKey>, seen: Option<Instant>, now: Instant) {

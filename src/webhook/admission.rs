@@ -25,13 +25,16 @@ use tracing::Instrument;
 use super::pruned::{Object, OldObject};
 use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
-use crate::core::names::{UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_MANY_REFERENCES};
+use crate::core::checksum::StampKey;
+use crate::core::names::{
+    UNSTAMPED_LOOKUP_FAILED, UNSTAMPED_TOO_LARGE, UNSTAMPED_TOO_MANY_REFERENCES,
+};
 use crate::core::patch;
 use crate::core::refs;
-use crate::core::rules::{self, Current, Decision, Lookup, Outcome, Trigger};
+use crate::core::rules::{self, Current, Lookup, Outcome, Trigger};
 use crate::core::workload::{self, Analysis, WorkloadKind};
 use crate::webhook::held;
-use crate::webhook::lookup::{self, Lookups, MemoryBudget, ObjectSource};
+use crate::webhook::lookup::{self, LookupError, Lookups, MemoryBudget, ObjectSource};
 
 /// Largest review body accepted: an UPDATE carries two objects of up to 1.5 MiB each, base64
 /// and the envelope on top.
@@ -121,6 +124,8 @@ pub struct Webhook {
     options: rules::Options,
     /// Distinct objects a workload may reference; over it nothing is read.
     max_references: usize,
+    /// The decoded bytes of values a workload's lookups may read (`--max-reference-bytes`).
+    max_reference_bytes: u64,
     /// Namespaces whose objects are never read: `kube-system`, confighash's own and
     /// `--exclude-namespaces`.
     excluded: BTreeSet<String>,
@@ -140,6 +145,7 @@ impl Webhook {
             lookup_deadline: DEFAULT_LOOKUP_DEADLINE,
             options: rules::Options::default(),
             max_references: DEFAULT_MAX_REFERENCES,
+            max_reference_bytes: crate::core::names::DEFAULT_MAX_REFERENCE_BYTES,
             excluded: BTreeSet::from([KUBE_SYSTEM.to_owned()]),
             watched: None,
             dry_run: false,
@@ -159,6 +165,12 @@ impl Webhook {
     /// `--max-references` (at least 1).
     pub fn with_max_references(mut self, max: usize) -> Self {
         self.max_references = max.max(1);
+        self
+    }
+
+    /// `--max-reference-bytes` (at least 1).
+    pub fn with_max_reference_bytes(mut self, max: u64) -> Self {
+        self.max_reference_bytes = max.max(1);
         self
     }
 
@@ -542,7 +554,15 @@ impl Webhook {
                  characters, no control characters)"
             )));
         }
-        let patch = self.decide(&request, budget).await?;
+        let reviewed = self.review(&request, budget).await?;
+        // Counted here, once for every review that was answered.
+        self.metrics
+            .request(reviewed.kind, reviewed.operation, reviewed.outcome);
+        if reviewed.withheld {
+            self.metrics
+                .dry_run(reviewed.kind, reviewed.operation, reviewed.outcome);
+        }
+        let patch = reviewed.patch;
         let mut response = json!({"uid": uid, "allowed": true});
         if let Some(patch) = patch {
             response["patchType"] = json!("JSONPatch");
@@ -555,28 +575,23 @@ impl Webhook {
         }))
     }
 
-    /// The serialized JSONPatch to return, if any; counts and logs the decision. A workload
-    /// review whose namespace or name could not name an object is refused: they go into request
-    /// paths and log lines.
-    async fn decide(
+    /// What becomes of a review: skipped, or the workload pipeline ([`Self::review_workload`]).
+    /// A workload review whose namespace or name could not name an object is refused: they go
+    /// into request paths and log lines.
+    async fn review(
         &self,
         request: &Request,
         budget: &MemoryBudget,
-    ) -> Result<Option<Vec<u8>>, BadRequest> {
+    ) -> Result<Reviewed, BadRequest> {
         let operation: &'static str = match request.operation.as_deref() {
             Some("CREATE") => "CREATE",
             Some("UPDATE") => "UPDATE",
             // DELETE and CONNECT are allowed untouched.
-            _ => {
-                self.metrics.request("", "other", Outcome::Skipped.as_str());
-                return Ok(None);
-            }
+            _ => return Ok(Reviewed::skipped("", "other")),
         };
         let Some(kind) = WorkloadKind::from_group_kind(&request.kind.group, &request.kind.kind)
         else {
-            self.metrics
-                .request("", operation, Outcome::Skipped.as_str());
-            return Ok(None);
+            return Ok(Reviewed::skipped("", operation));
         };
         let label = kind.kind();
         let namespace = request.namespace.as_deref().unwrap_or("");
@@ -594,9 +609,10 @@ impl Webhook {
         }
         // Checked above, so they may go into log lines: every line of this review carries them.
         let span = tracing::info_span!("review", kind = label, namespace, name, operation);
-        self.decide_workload(request, kind, namespace, operation, budget)
+        Ok(self
+            .review_workload(request, kind, namespace, operation, budget)
             .instrument(span)
-            .await
+            .await)
     }
 
     /// Why objects of `namespace` are never read, if they are not: excluded, or outside
@@ -615,144 +631,231 @@ impl Webhook {
         }
     }
 
-    /// [`Self::decide`] for a workload review whose namespace and name were checked. Whether the
-    /// namespace is opted in, or the workload by its own `confighash.dev/enabled=true`, is the API
-    /// server's to decide (the webhook entries' selectors): the labels a review shows are the
-    /// sender's word and are not checked here.
-    async fn decide_workload(
+    /// A workload review whose namespace and name were checked, one way through: analyse, look
+    /// up, decide, patch. Whether the namespace is opted in, or the workload by its own
+    /// `confighash.dev/enabled=true`, is the API server's to decide (the webhook entries'
+    /// selectors): the labels a review shows are the sender's word and are not checked here.
+    async fn review_workload(
         &self,
         request: &Request,
         kind: WorkloadKind,
         namespace: &str,
         operation: &'static str,
         budget: &MemoryBudget,
-    ) -> Result<Option<Vec<u8>>, BadRequest> {
-        let label = kind.kind();
+    ) -> Reviewed {
+        let skipped = Reviewed::skipped(kind.kind(), operation);
         if let Some(why) = self.never_read(namespace) {
             // The namespace labels the review claims are the sender's words: objects here are
             // never read.
             tracing::debug!("{why}; allowed unchanged");
-            self.metrics
-                .request(label, operation, Outcome::Skipped.as_str());
-            return Ok(None);
+            return skipped;
         }
-        let Some(object) = request.object.as_ref().map(|o| &o.0) else {
-            tracing::warn!("review without an object; allowed unchanged");
-            self.metrics
-                .request(label, operation, Outcome::Skipped.as_str());
-            return Ok(None);
+        let Some(subject) = analyse(request, kind, self.max_references) else {
+            return skipped;
         };
-        let info = match workload::analyze_within(kind, object, self.max_references) {
-            Ok(Analysis::Workload(info)) => info,
-            Ok(_) => {
-                self.metrics
-                    .request(label, operation, Outcome::Skipped.as_str());
-                return Ok(None);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the workload; allowed unchanged");
-                self.metrics
-                    .request(label, operation, Outcome::Skipped.as_str());
-                return Ok(None);
-            }
-        };
-        let current = Current {
-            stamp: info.stamp.as_deref(),
-            marker: info.marker,
-        };
-        let trigger = match (operation, request.old_object.as_ref().map(|o| &o.0)) {
-            ("UPDATE", Some(old)) if old.is_object() => {
-                let (stamp, marker) = workload::stamp_and_marker(kind, old);
-                Trigger::Update {
-                    old: Current { stamp, marker },
-                    restart: workload::restarted_at(kind, object)
-                        != workload::restarted_at(kind, old),
-                }
-            }
-            _ => Trigger::Create,
-        };
-
         let key = self.keys.current();
-        let too_many = !info.opted_out && info.refs.over_limit();
-        let lookup = if info.opted_out {
-            // Rule 4 needs no lookup.
-            Lookup::Failed
-        } else if too_many {
-            // Rule 1, terminal: nothing is read.
-            tracing::warn!(
-                max_references = self.max_references,
-                "the workload references more objects than --max-references; nothing is read"
-            );
-            Lookup::Failed
-        } else {
-            match self
-                .lookups
-                .resolve(
-                    namespace,
-                    &info.refs,
-                    self.lookup_deadline,
-                    &self.metrics,
-                    budget,
-                )
-                .await
-                .map(|resolved| {
-                    let with_v1 = rules::needs_v1(trigger, current, key.id());
-                    resolved.lookup(&key, namespace, &info.refs, with_v1)
-                }) {
-                Ok(lookup) => lookup,
-                Err(e) => {
-                    tracing::warn!(error = %e, "lookup failed; the template is left as it was");
-                    Lookup::Failed
-                }
-            }
-        };
-        let decision: Decision = rules::decide(
-            trigger,
+        let lookup = self.look_up(&subject, namespace, &key, budget).await;
+        let current = subject.current();
+        let decision = rules::decide(
+            subject.trigger,
             current,
-            info.opted_out,
+            subject.info.opted_out,
             &lookup,
             key.id(),
             self.options,
         );
+        let too_many = subject.too_many();
         let outcome = if too_many {
             TOO_MANY_REFERENCES_OUTCOME
         } else {
             decision.outcome.as_str()
         };
-        self.metrics.request(label, operation, outcome);
         tracing::debug!(
             outcome,
             stamp = decision.stamp.as_deref().unwrap_or(""),
             "decided"
         );
-        if !decision.changes(current) && !too_many {
-            return Ok(None);
-        }
         let marker = decision.marker.then_some(if too_many {
             UNSTAMPED_TOO_MANY_REFERENCES
+        } else if decision.outcome == Outcome::KeptTooLarge {
+            UNSTAMPED_TOO_LARGE
         } else {
             UNSTAMPED_LOOKUP_FAILED
         });
-        let patch = match patch::build_with_marker(object, kind, decision.stamp.as_deref(), marker)
-        {
-            Ok(p) if p.0.is_empty() => None,
-            Ok(p) => serde_json::to_vec(&p).ok(),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot patch the workload; allowed unchanged");
-                None
-            }
+        let patch = if decision.changes(current) || too_many {
+            workload_patch(&subject, decision.stamp.as_deref(), marker)
+        } else {
+            None
         };
-        if self.dry_run && patch.is_some() {
-            self.metrics.dry_run(label, operation, outcome);
+        let withheld = self.dry_run && patch.is_some();
+        if withheld {
             tracing::debug!(
                 outcome,
                 stamp = decision.stamp.as_deref().unwrap_or(""),
                 marker = marker.unwrap_or(""),
                 "dry run: allowed without the patch that would have set this"
             );
-            return Ok(None);
         }
-        Ok(patch)
+        Reviewed {
+            kind: kind.kind(),
+            operation,
+            outcome,
+            patch: patch.filter(|_| !withheld),
+            withheld,
+        }
+    }
+
+    /// Step 2: the state of the references, read within the review's bounds (none for an
+    /// opted-out workload or one over `--max-references`).
+    async fn look_up(
+        &self,
+        subject: &Subject<'_>,
+        namespace: &str,
+        key: &StampKey,
+        budget: &MemoryBudget,
+    ) -> Lookup {
+        if subject.info.opted_out {
+            // Rule 4 needs no lookup.
+            return Lookup::Failed;
+        }
+        if subject.too_many() {
+            // Rule 1, terminal: nothing is read.
+            tracing::warn!(
+                max_references = self.max_references,
+                "the workload references more objects than --max-references; nothing is read"
+            );
+            return Lookup::Failed;
+        }
+        let refs = &subject.info.refs;
+        let resolved = self
+            .lookups
+            .resolve(
+                namespace,
+                refs,
+                self.lookup_deadline,
+                &self.metrics,
+                budget,
+                self.max_reference_bytes,
+            )
+            .await;
+        match resolved {
+            Ok(resolved) => {
+                let with_v1 = rules::needs_v1(subject.trigger, subject.current(), key.id());
+                resolved.lookup(key, namespace, refs, with_v1, self.max_reference_bytes)
+            }
+            Err(LookupError::TooLarge { bytes, max }) => {
+                tracing::warn!(
+                    bytes,
+                    max,
+                    "the references hold more than --max-reference-bytes; reading stopped, the \
+                     template is left as it was"
+                );
+                Lookup::TooLarge { bytes }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "lookup failed; the template is left as it was");
+                Lookup::Failed
+            }
+        }
+    }
+}
+
+/// What became of one review: what the request handler counts, once, and the patch it answers
+/// with.
+#[derive(Debug)]
+struct Reviewed {
+    kind: &'static str,
+    operation: &'static str,
+    outcome: &'static str,
+    patch: Option<Vec<u8>>,
+    /// A dry run left a patch out.
+    withheld: bool,
+}
+
+impl Reviewed {
+    fn skipped(kind: &'static str, operation: &'static str) -> Self {
+        Reviewed {
+            kind,
+            operation,
+            outcome: Outcome::Skipped.as_str(),
+            patch: None,
+            withheld: false,
+        }
+    }
+}
+
+/// A workload as a review shows it, and why its stamp is decided.
+struct Subject<'r> {
+    object: &'r Value,
+    kind: WorkloadKind,
+    info: Box<workload::WorkloadInfo>,
+    trigger: Trigger<'r>,
+}
+
+impl Subject<'_> {
+    fn current(&self) -> Current<'_> {
+        Current {
+            stamp: self.info.stamp.as_deref(),
+            marker: self.info.marker,
+        }
+    }
+
+    /// Over `--max-references` (and not opted out): nothing is read, the marker is terminal.
+    fn too_many(&self) -> bool {
+        !self.info.opted_out && self.info.refs.over_limit()
+    }
+}
+
+/// Step 1: the workload in the review, its references (at most `max_references`) and the trigger;
+/// `None` when there is nothing to stamp (no object, not a workload, unreadable).
+fn analyse(request: &Request, kind: WorkloadKind, max_references: usize) -> Option<Subject<'_>> {
+    let Some(object) = request.object.as_ref().map(|o| &o.0) else {
+        tracing::warn!("review without an object; allowed unchanged");
+        return None;
+    };
+    let info = match workload::analyze_within(kind, object, max_references) {
+        Ok(Analysis::Workload(info)) => info,
+        Ok(_) => return None,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the workload; allowed unchanged");
+            return None;
+        }
+    };
+    let trigger = match (
+        request.operation.as_deref(),
+        request.old_object.as_ref().map(|o| &o.0),
+    ) {
+        (Some("UPDATE"), Some(old)) if old.is_object() => {
+            let (stamp, marker) = workload::stamp_and_marker(kind, old);
+            Trigger::Update {
+                old: Current { stamp, marker },
+                restart: workload::restarted_at(kind, object) != workload::restarted_at(kind, old),
+            }
+        }
+        _ => Trigger::Create,
+    };
+    Some(Subject {
+        object,
+        kind,
+        info,
+        trigger,
+    })
+}
+
+/// Step 4: the serialized JSONPatch that gives the workload `stamp` and `marker`, if it changes
+/// anything.
+fn workload_patch(
+    subject: &Subject<'_>,
+    stamp: Option<&str>,
+    marker: Option<&str>,
+) -> Option<Vec<u8>> {
+    match patch::build_with_marker(subject.object, subject.kind, stamp, marker) {
+        Ok(p) if p.0.is_empty() => None,
+        Ok(p) => serde_json::to_vec(&p).ok(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot patch the workload; allowed unchanged");
+            None
+        }
     }
 }
 

@@ -111,6 +111,10 @@ pub enum LookupError {
     Read { object: ObjectRef, message: String },
     #[error("the lookup deadline of {0:?} passed")]
     Deadline(Duration),
+    #[error(
+        "the references hold at least {bytes} bytes of values, more than {max} (--max-reference-bytes)"
+    )]
+    TooLarge { bytes: u64, max: u64 },
     #[error(transparent)]
     Recipe(#[from] RecipeError),
 }
@@ -350,26 +354,28 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, String
     if ignored {
         return Ok(ObjectRecord::ignored());
     }
-    let base64_value = |v: &str| -> Result<ValueDigest, String> {
+    // Each value's digest and decoded length; a key given twice keeps the last, as the API
+    // server's decoding does.
+    let base64_value = |v: &str| -> Result<(ValueDigest, u64), String> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(v)
             .map_err(|_| format!("a value of {object} is not valid base64"))?;
-        Ok(Sha256::digest(&bytes).into())
+        Ok((Sha256::digest(&bytes).into(), bytes.len() as u64))
     };
-    let mut entries: BTreeMap<&str, (Tag, ValueDigest)> = BTreeMap::new();
+    let mut entries: BTreeMap<&str, (Tag, ValueDigest, u64)> = BTreeMap::new();
     for (k, v) in lean.data.iter().flatten() {
-        let digest = match object.kind {
-            ObjectKind::ConfigMap => Sha256::digest(v.0.as_bytes()).into(),
+        let (digest, len) = match object.kind {
+            ObjectKind::ConfigMap => (Sha256::digest(v.0.as_bytes()).into(), v.0.len() as u64),
             ObjectKind::Secret => base64_value(&v.0)?,
         };
-        entries.insert(&k.0, (Tag::Data, digest));
+        entries.insert(&k.0, (Tag::Data, digest, len));
     }
     if object.kind == ObjectKind::ConfigMap {
-        let mut binary: BTreeMap<&str, ValueDigest> = BTreeMap::new();
+        let mut binary: BTreeMap<&str, (ValueDigest, u64)> = BTreeMap::new();
         for (k, v) in lean.binary_data.iter().flatten() {
             binary.insert(&k.0, base64_value(&v.0)?);
         }
-        for (k, digest) in binary {
+        for (k, (digest, len)) in binary {
             if entries.contains_key(k) {
                 return Err(RecipeError::DuplicateKey {
                     name: object.name.clone(),
@@ -377,14 +383,18 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, String
                 }
                 .to_string());
             }
-            entries.insert(k, (Tag::BinaryData, digest));
+            entries.insert(k, (Tag::BinaryData, digest, len));
         }
     }
+    let bytes = entries.values().map(|e| e.2).sum();
     Ok(ObjectRecord {
         ignored: false,
         digest: ObjectDigest::from_digests(
-            entries.into_iter().map(|(k, (t, d))| (k.to_owned(), t, d)),
-        ),
+            entries
+                .into_iter()
+                .map(|(k, (t, d, _))| (k.to_owned(), t, d)),
+        )
+        .with_bytes(bytes),
     })
 }
 
@@ -421,6 +431,15 @@ impl<'de: 'a, 'a> Deserialize<'de> for LeanBody<'a> {
     }
 }
 
+/// The decoded bytes of an object's values, as `--max-reference-bytes` counts them (none for an
+/// ignored object).
+fn record_bytes(record: &ObjectRecord) -> u64 {
+    match record::state_of(Some(record)) {
+        RefState::Present(entries) => entries.bytes(),
+        RefState::Absent | RefState::Ignored => 0,
+    }
+}
+
 /// Every referenced object, read.
 #[derive(Debug, Default)]
 pub struct Resolved {
@@ -446,8 +465,9 @@ impl Resolved {
         namespace: &str,
         refs: &References,
         with_v1: bool,
+        max_bytes: u64,
     ) -> Lookup {
-        rules::expected(self, Some(key), namespace, refs, with_v1)
+        rules::expected(self, Some(key), namespace, refs, with_v1, max_bytes)
     }
 }
 
@@ -467,61 +487,123 @@ pub const MAX_CONCURRENT_READS: usize = 16;
 /// it drained, and reviews were refused for memory (BENCHMARKS.md section 11).
 pub const DEFAULT_MAX_READS_IN_FLIGHT: usize = 128;
 
+/// A review becomes heavy once its reads have brought this many decoded bytes: its remaining
+/// reads queue behind every other review's ([`Fair`]). Configuration is kilobytes; a review past
+/// a mebibyte is reading large Secrets, or forged to.
+pub const HEAVY_AFTER_BYTES: u64 = 1 << 20;
+
 /// A cap on reads in flight, handed out in turn across reviews: when reads wait, the next free
 /// place goes to the review after the one served last, not to the one that asked first. A review
 /// with two references among a hundred with hundreds each waits for at most one read of each.
+///
+/// Reads of heavy reviews (past [`HEAVY_AFTER_BYTES`]) are served only when no other read
+/// waits, and hold at most a quarter of the places together: a share of the lookup capacity
+/// that reviews reading a lot cannot take.
 pub struct Fair {
     state: Mutex<FairState>,
+}
+
+/// Which queue a read waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Class {
+    Normal,
+    /// Of a review that has read a lot already.
+    Heavy,
 }
 
 #[derive(Default)]
 struct FairState {
     available: usize,
-    /// Reviews with waiting reads, in the order they are served.
-    turn: VecDeque<u64>,
-    waiting: HashMap<u64, VecDeque<oneshot::Sender<FairPermit>>>,
+    /// Heavy reads in flight, and how many may be.
+    heavy: usize,
+    heavy_cap: usize,
+    /// Reviews with waiting reads, in the order they are served: normal, then heavy.
+    turn: [VecDeque<u64>; 2],
+    waiting: HashMap<(Class, u64), VecDeque<oneshot::Sender<FairPermit>>>,
+}
+
+impl FairState {
+    fn may_take(&self, class: Class) -> bool {
+        self.available > 0 && (class == Class::Normal || self.heavy < self.heavy_cap)
+    }
+
+    fn take(&mut self, class: Class) {
+        self.available -= 1;
+        if class == Class::Heavy {
+            self.heavy += 1;
+        }
+    }
+
+    /// The next waiting read that may take a place, in turn within its class.
+    fn next_waiting(&mut self) -> Option<(Class, oneshot::Sender<FairPermit>)> {
+        for (i, class) in [Class::Normal, Class::Heavy].into_iter().enumerate() {
+            if !self.may_take(class) {
+                continue;
+            }
+            while let Some(review) = self.turn[i].pop_front() {
+                let Some(queue) = self.waiting.get_mut(&(class, review)) else {
+                    continue;
+                };
+                let sender = queue.pop_front();
+                if queue.is_empty() {
+                    self.waiting.remove(&(class, review));
+                } else {
+                    self.turn[i].push_back(review);
+                }
+                if let Some(sender) = sender {
+                    return Some((class, sender));
+                }
+            }
+        }
+        None
+    }
 }
 
 /// A place under the [`Fair`] cap; given back (or on to the next waiting review) when dropped.
 pub struct FairPermit {
     fair: Option<Arc<Fair>>,
+    class: Class,
 }
 
 impl Drop for FairPermit {
     fn drop(&mut self) {
         if let Some(fair) = self.fair.take() {
-            Fair::release(fair);
+            Fair::release(fair, self.class);
         }
     }
 }
 
 impl Fair {
     pub fn new(places: usize) -> Arc<Self> {
+        let places = places.max(1);
         Arc::new(Fair {
             state: Mutex::new(FairState {
-                available: places.max(1),
+                available: places,
+                heavy_cap: (places / 4).max(1),
                 ..FairState::default()
             }),
         })
     }
 
     /// Waits for a place for a read of review `review`.
-    pub async fn acquire(self: &Arc<Self>, review: u64) -> FairPermit {
+    pub async fn acquire(self: &Arc<Self>, review: u64, class: Class) -> FairPermit {
         let waiter = {
             let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            // Places are free only while no read waits (a release serves waiters first).
-            if state.available > 0 {
-                state.available -= 1;
+            // A read waits only while its class may not take a place (a release serves waiters
+            // first, normal ones before heavy ones), so a free place here has no one waiting.
+            if state.may_take(class) {
+                state.take(class);
                 return FairPermit {
                     fair: Some(self.clone()),
+                    class,
                 };
             }
             let (tx, rx) = oneshot::channel();
-            // A review is in `turn` exactly while it has an entry in `waiting`.
-            if !state.waiting.contains_key(&review) {
-                state.turn.push_back(review);
+            // A review is in its class's `turn` exactly while it has an entry in `waiting`.
+            if !state.waiting.contains_key(&(class, review)) {
+                state.turn[class as usize].push_back(review);
             }
-            let queue = state.waiting.entry(review).or_default();
+            let queue = state.waiting.entry((class, review)).or_default();
             // Reads of a review that gave up stay queued until their turn; drop them now.
             queue.retain(|s| !s.is_closed());
             queue.push_back(tx);
@@ -530,44 +612,44 @@ impl Fair {
         match waiter.await {
             Ok(permit) => permit,
             // The sender is dropped only with the whole `Fair`: nothing to hand out then.
-            Err(_) => FairPermit { fair: None },
+            Err(_) => FairPermit { fair: None, class },
         }
     }
 
-    fn release(fair: Arc<Fair>) {
+    fn release(fair: Arc<Fair>, class: Class) {
+        {
+            let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.available += 1;
+            if class == Class::Heavy {
+                state.heavy -= 1;
+            }
+        }
         loop {
             let next = {
                 let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
-                let mut next = None;
-                while let Some(review) = state.turn.pop_front() {
-                    let Some(queue) = state.waiting.get_mut(&review) else {
-                        continue;
-                    };
-                    let sender = queue.pop_front();
-                    if queue.is_empty() {
-                        state.waiting.remove(&review);
-                    } else {
-                        state.turn.push_back(review);
-                    }
-                    if let Some(sender) = sender {
-                        next = Some(sender);
-                        break;
-                    }
-                }
-                if next.is_none() {
-                    state.available += 1;
+                let next = state.next_waiting();
+                if let Some((class, _)) = &next {
+                    state.take(*class);
                 }
                 next
             };
-            let Some(sender) = next else {
+            let Some((class, sender)) = next else {
                 return;
             };
             match sender.send(FairPermit {
                 fair: Some(fair.clone()),
+                class,
             }) {
                 Ok(()) => return,
-                // That read gave up: the place goes to the next one.
-                Err(mut permit) => permit.fair = None,
+                // That read gave up: its place is given back and goes to the next one.
+                Err(mut permit) => {
+                    permit.fair = None;
+                    let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
+                    state.available += 1;
+                    if class == Class::Heavy {
+                        state.heavy -= 1;
+                    }
+                }
             }
         }
     }
@@ -603,7 +685,9 @@ impl Lookups {
         Lookups::new(self.source, max_in_flight)
     }
 
-    /// Reads every reference of a workload in `namespace`, a few at a time, within `deadline`.
+    /// Reads every reference of a workload in `namespace`, a few at a time, within `deadline`,
+    /// and stops once their values hold more than `max_bytes` ([`LookupError::TooLarge`]). Once
+    /// they hold [`HEAVY_AFTER_BYTES`], the remaining reads queue behind other reviews' reads.
     pub async fn resolve(
         &self,
         namespace: &str,
@@ -611,54 +695,80 @@ impl Lookups {
         deadline: Duration,
         metrics: &Metrics,
         budget: &MemoryBudget,
+        max_bytes: u64,
     ) -> Result<Resolved, LookupError> {
         let review = self.next_review.fetch_add(1, Ordering::Relaxed);
+        let read_bytes = AtomicU64::new(0);
+        let read_bytes = &read_bytes;
         type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectRecord>, String>)>;
         let reads: Vec<Read<'_>> = refs
             .iter()
             .map(|(r, _)| -> Read<'_> {
                 Box::pin(async move {
-                    let _place = self.fair.acquire(review).await;
+                    let class = if read_bytes.load(Ordering::Relaxed) >= HEAVY_AFTER_BYTES {
+                        Class::Heavy
+                    } else {
+                        Class::Normal
+                    };
+                    let _place = self.fair.acquire(review, class).await;
                     let found = self.source.fetch(namespace, r, budget).await.and_then(|f| {
                         f.map(|f| f.into_entry().map_err(|e| e.to_string()))
                             .transpose()
                     });
+                    if let Ok(Some(record)) = &found {
+                        read_bytes.fetch_add(record_bytes(record), Ordering::Relaxed);
+                    }
                     (r, found)
                 })
             })
             .collect();
-        let reads = futures::stream::iter(reads)
-            .buffer_unordered(MAX_CONCURRENT_READS)
-            .collect::<Vec<_>>();
-        let results = tokio::time::timeout(deadline, reads).await.map_err(|_| {
-            for (r, _) in refs.iter() {
-                metrics.lookup(r.kind.as_str(), "deadline");
-            }
-            LookupError::Deadline(deadline)
-        })?;
+        let mut reads = futures::stream::iter(reads).buffer_unordered(MAX_CONCURRENT_READS);
         let mut resolved = Resolved::default();
         let mut failure = None;
-        for (r, result) in results {
-            match result {
-                Ok(found) => {
-                    metrics.lookup(
-                        r.kind.as_str(),
-                        if found.is_some() { "found" } else { "absent" },
-                    );
-                    resolved.objects.insert(r.clone(), found);
-                }
-                Err(message) => {
-                    metrics.lookup(r.kind.as_str(), "error");
-                    failure.get_or_insert(LookupError::Read {
-                        object: r.clone(),
-                        message,
-                    });
+        let mut total: u64 = 0;
+        let collect = async {
+            while let Some((r, result)) = reads.next().await {
+                match result {
+                    Ok(found) => {
+                        metrics.lookup(
+                            r.kind.as_str(),
+                            if found.is_some() { "found" } else { "absent" },
+                        );
+                        total = total.saturating_add(found.as_ref().map_or(0, record_bytes));
+                        resolved.objects.insert(r.clone(), found);
+                        if total > max_bytes {
+                            // The reads still in flight or not started are dropped.
+                            return Err(LookupError::TooLarge {
+                                bytes: total,
+                                max: max_bytes,
+                            });
+                        }
+                    }
+                    Err(message) => {
+                        metrics.lookup(r.kind.as_str(), "error");
+                        failure.get_or_insert(LookupError::Read {
+                            object: r.clone(),
+                            message,
+                        });
+                    }
                 }
             }
-        }
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(resolved),
+            Ok(())
+        };
+        match tokio::time::timeout(deadline, collect).await {
+            Err(_) => {
+                for (r, _) in refs.iter() {
+                    if !resolved.objects.contains_key(r) {
+                        metrics.lookup(r.kind.as_str(), "deadline");
+                    }
+                }
+                Err(LookupError::Deadline(deadline))
+            }
+            Ok(Err(too_large)) => Err(too_large),
+            Ok(Ok(())) => match failure {
+                Some(e) => Err(e),
+                None => Ok(resolved),
+            },
         }
     }
 
@@ -681,6 +791,8 @@ mod tests {
         in_flight: AtomicUsize,
         most: AtomicUsize,
         reads: AtomicUsize,
+        /// Every object found with values of this many bytes; none found at 0.
+        size: u64,
     }
 
     impl ObjectSource for Counting {
@@ -698,7 +810,13 @@ mod tests {
                     tokio::task::yield_now().await;
                 }
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
-                Ok(None)
+                Ok((self.size > 0).then(|| {
+                    Fetched::Entry(ObjectRecord {
+                        ignored: false,
+                        digest: ObjectDigest::from_digests([("k".to_owned(), Tag::Data, [0; 32])])
+                            .with_bytes(self.size),
+                    })
+                }))
             })
         }
     }
@@ -728,6 +846,7 @@ mod tests {
                 Duration::from_secs(30),
                 &Metrics::new(),
                 &MemoryBudget::new(1 << 20),
+                u64::MAX,
             )
             .await
             .unwrap();
@@ -752,8 +871,16 @@ mod tests {
         let lookups = Lookups::new(source.clone(), 5);
         let budget = MemoryBudget::new(1 << 20);
         let metrics = Metrics::new();
-        let reviews = (0..8)
-            .map(|_| lookups.resolve("shop", &refs, Duration::from_secs(30), &metrics, &budget));
+        let reviews = (0..8).map(|_| {
+            lookups.resolve(
+                "shop",
+                &refs,
+                Duration::from_secs(30),
+                &metrics,
+                &budget,
+                u64::MAX,
+            )
+        });
         for result in futures::future::join_all(reviews).await {
             result.unwrap();
         }
@@ -766,7 +893,7 @@ mod tests {
     #[tokio::test]
     async fn places_go_round_the_waiting_reviews_in_turn() {
         let fair = Fair::new(1);
-        let first = fair.acquire(0).await;
+        let first = fair.acquire(0, Class::Normal).await;
         // Review 1 queues three reads, then review 2 one: review 2 is served second, not fourth.
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
@@ -774,7 +901,7 @@ mod tests {
             let queued = fair.clone();
             let order = order.clone();
             tasks.push(tokio::spawn(async move {
-                let permit = queued.acquire(review).await;
+                let permit = queued.acquire(review, Class::Normal).await;
                 order.lock().unwrap().push(review);
                 drop(permit);
             }));
@@ -803,11 +930,11 @@ mod tests {
     #[tokio::test]
     async fn a_read_that_gave_up_passes_its_place_on() {
         let fair = Fair::new(1);
-        let first = fair.acquire(0).await;
+        let first = fair.acquire(0, Class::Normal).await;
         let abandoned = tokio::spawn({
             let fair = fair.clone();
             async move {
-                let _p = fair.acquire(1).await;
+                let _p = fair.acquire(1, Class::Normal).await;
             }
         });
         while fair.state.lock().unwrap().waiting.is_empty() {
@@ -817,8 +944,136 @@ mod tests {
         let _ = abandoned.await;
         drop(first);
         assert_eq!(fair.available(), 1, "the place was not lost with the read");
-        let _again = fair.acquire(3).await;
+        let _again = fair.acquire(3, Class::Normal).await;
         assert_eq!(fair.available(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_lookup_stops_reading_once_past_its_bytes() {
+        let refs = many(256);
+        let source = Arc::new(Counting {
+            size: 1 << 20,
+            ..Counting::default()
+        });
+        let lookups = Lookups::new(source.clone(), 1000);
+        let metrics = Metrics::new();
+        let result = lookups
+            .resolve(
+                "shop",
+                &refs,
+                Duration::from_secs(30),
+                &metrics,
+                &MemoryBudget::new(1 << 20),
+                4 << 20,
+            )
+            .await;
+        match result {
+            Err(LookupError::TooLarge { bytes, max }) => {
+                assert_eq!(max, 4 << 20);
+                assert_eq!(bytes, 5 << 20, "stopped at the first read past the limit");
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        let reads = source.reads.load(Ordering::SeqCst);
+        assert!(
+            reads <= 5 + MAX_CONCURRENT_READS,
+            "{reads} of 256 objects read for a limit of 4 objects"
+        );
+        assert_eq!(lookups.places_free(), 1000, "every place is given back");
+        // Under the limit, everything is read.
+        let fits = lookups
+            .resolve(
+                "shop",
+                &many(4),
+                Duration::from_secs(30),
+                &metrics,
+                &MemoryBudget::new(1 << 20),
+                4 << 20,
+            )
+            .await
+            .unwrap();
+        assert_eq!(fits.objects.len(), 4);
+    }
+
+    /// Waits until `n` reads wait in `fair`.
+    async fn until_waiting(fair: &Fair, n: usize) {
+        while fair
+            .state
+            .lock()
+            .unwrap()
+            .waiting
+            .values()
+            .map(VecDeque::len)
+            .sum::<usize>()
+            < n
+        {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn heavy_reviews_wait_behind_the_others_and_keep_to_their_share() {
+        let fair = Fair::new(4);
+        // A quarter of the places (1) for heavy reads: the second waits with places free.
+        let heavy = fair.acquire(1, Class::Heavy).await;
+        let second = tokio::spawn({
+            let fair = fair.clone();
+            async move { fair.acquire(1, Class::Heavy).await }
+        });
+        until_waiting(&fair, 1).await;
+        assert_eq!(fair.available(), 3);
+        let normal: Vec<FairPermit> =
+            futures::future::join_all((0..3).map(|_| fair.acquire(2, Class::Normal))).await;
+        assert_eq!(fair.available(), 0, "normal reads take the rest at once");
+        drop(heavy);
+        let second = second.await.unwrap();
+        // All places taken: heavy reads of review 1 queue first, then review 3's normal read;
+        // each freed place goes to the normal read first.
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (review, class) in [(1u64, Class::Heavy), (1, Class::Heavy), (3, Class::Normal)] {
+            let queued = fair.clone();
+            let order = order.clone();
+            tasks.push(tokio::spawn(async move {
+                let permit = queued.acquire(review, class).await;
+                order.lock().unwrap().push(review);
+                drop(permit);
+            }));
+            until_waiting(&fair, tasks.len()).await;
+        }
+        drop(normal);
+        drop(second);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![3, 1, 1]);
+        assert_eq!(fair.available(), 4);
+        assert_eq!(fair.state.lock().unwrap().heavy, 0);
+    }
+
+    #[tokio::test]
+    async fn a_review_past_a_mebibyte_reads_as_heavy() {
+        let refs = many(40);
+        let source = Arc::new(Counting {
+            size: 512 << 10,
+            ..Counting::default()
+        });
+        // 8 places: 2 for heavy reads. Once 1 MiB is in, at most 2 reads are in flight.
+        let lookups = Lookups::new(source.clone(), 8);
+        lookups
+            .resolve(
+                "shop",
+                &refs,
+                Duration::from_secs(30),
+                &Metrics::new(),
+                &MemoryBudget::new(1 << 20),
+                u64::MAX,
+            )
+            .await
+            .unwrap();
+        assert_eq!(source.reads.load(Ordering::SeqCst), 40);
+        assert_eq!(lookups.places_free(), 8);
+        assert_eq!(lookups.fair.state.lock().unwrap().heavy, 0);
     }
 
     fn entry(kind: ObjectKind, body: &str) -> Result<ObjectRecord, String> {
@@ -850,6 +1105,23 @@ mod tests {
         let ignored =
             r#"{"metadata":{"annotations":{"confighash.dev/ignore":"true"}},"data":{"a":"b"}}"#;
         assert!(entry(ObjectKind::ConfigMap, ignored).unwrap().ignored);
+        // The decoded bytes of the values, each key once (the last of duplicates).
+        let bytes = |kind, body: &str| {
+            use crate::core::checksum::Entries;
+            entry(kind, body).unwrap().digest.bytes()
+        };
+        assert_eq!(
+            bytes(ObjectKind::ConfigMap, &serde_json::to_string(&cm).unwrap()),
+            4 + 4
+        );
+        assert_eq!(
+            bytes(ObjectKind::Secret, &serde_json::to_string(&secret).unwrap()),
+            6 + 3
+        );
+        assert_eq!(
+            bytes(ObjectKind::ConfigMap, r#"{"data":{"a":"xx","a":"y"}}"#),
+            1
+        );
     }
 
     #[test]

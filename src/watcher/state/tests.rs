@@ -379,9 +379,9 @@ impl Test {
             store.upsert(k.clone(), s.clone());
         }
         let entry = w.entry(usize::MAX).unwrap();
-        match store.lookup(&self.key, &w.ns, &entry.refs, false) {
+        match store.lookup(&self.key, &w.ns, &entry.refs, false, u64::MAX) {
             Lookup::Resolved { expected, .. } => expected.into(),
-            Lookup::Failed => unreachable!("the store never fails"),
+            Lookup::Failed | Lookup::TooLarge { .. } => unreachable!("the store never fails"),
         }
     }
 
