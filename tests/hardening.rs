@@ -17,7 +17,7 @@ use build::{NS, Review, Workload, config_map, deployment, marker_of, patched, st
 use confighash::core::names::UNSTAMPED_ANNOTATION as MARKER;
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::DEFAULT_MAX_REFERENCES;
-use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
+use confighash::webhook::lookup::{Fetched, MAX_CONCURRENT_READS, MemoryBudget, ObjectSource};
 use futures::future::BoxFuture;
 use harness::Harness;
 use serde_json::{Value, json};
@@ -205,6 +205,77 @@ async fn a_workload_over_max_references_is_marked_for_good_and_nothing_is_read()
     let edited = web(NS, &names(3), json!({})).json();
     let mut edited = edited;
     edited["metadata"]["annotations"][MARKER] = json!("too-many-references");
+    let reply = webhook
+        .answer(&Review::update(&edited, &created).bytes())
+        .await
+        .unwrap();
+    let fixed = patched(&edited, &reply);
+    assert!(stamp_of(&fixed).is_some());
+    assert_eq!(marker_of(&fixed), None);
+}
+
+/// A workload whose references hold more than `--max-reference-bytes`: reading stops once past
+/// the limit, a CREATE gets the `too-large` marker, an UPDATE keeps its stamp, and once the
+/// references fit again it is stamped and loses the marker.
+#[tokio::test]
+async fn a_workload_over_max_reference_bytes_is_marked_too_large_and_reading_stops() {
+    let h = api_with_config_map("a").await;
+    let blob = "x".repeat(256 << 10);
+    let big = names(40);
+    for name in &big {
+        build::create(&h.client, NS, config_map(name, &[("blob", &blob)])).await;
+    }
+    let webhook = h.webhook().with_max_reference_bytes(1 << 20);
+
+    // Forty objects of 256 KiB against a limit of 1 MiB.
+    let before = h.reads();
+    let object = web(NS, &big, json!({})).json();
+    let reply = webhook
+        .answer(&Review::create(&object).bytes())
+        .await
+        .unwrap();
+    let created = patched(&object, &reply);
+    assert_eq!(marker_of(&created).as_deref(), Some("too-large"));
+    assert_eq!(stamp_of(&created), None);
+    let reads = h.reads() - before;
+    assert!(
+        reads <= 5 + MAX_CONCURRENT_READS,
+        "{reads} of 41 objects read: reading goes on past the limit"
+    );
+    assert_eq!(
+        webhook
+            .metrics()
+            .requests("Deployment", "CREATE", "too-large"),
+        1
+    );
+
+    // Three objects fit (768 KiB and ConfigMap web): stamped.
+    let fits = web(NS, &big[..3], json!({})).json();
+    let reply = webhook
+        .answer(&Review::create(&fits).bytes())
+        .await
+        .unwrap();
+    let stamped = patched(&fits, &reply);
+    assert!(stamp_of(&stamped).is_some() && marker_of(&stamped).is_none());
+
+    // An UPDATE that grows it past the limit keeps its stamp and adds no marker.
+    let grown = web(
+        NS,
+        &big[..8],
+        stamped["spec"]["template"]["metadata"]["annotations"].clone(),
+    )
+    .json();
+    let reply = webhook
+        .answer(&Review::update(&grown, &stamped).bytes())
+        .await
+        .unwrap();
+    let updated = patched(&grown, &reply);
+    assert_eq!(stamp_of(&updated), stamp_of(&stamped));
+    assert_eq!(marker_of(&updated), None);
+
+    // The marked workload, edited to fit, is stamped and loses the marker.
+    let mut edited = web(NS, &big[..2], json!({})).json();
+    edited["metadata"]["annotations"][MARKER] = json!("too-large");
     let reply = webhook
         .answer(&Review::update(&edited, &created).bytes())
         .await

@@ -853,6 +853,104 @@ fn a_v1_stamp_without_its_expected_v1_stamp_is_treated_as_foreign() {
     assert_eq!(change.stamp, Some(expected()));
 }
 
+/// Over `--max-reference-bytes` is rule 1 with its own outcome: every trigger keeps what the
+/// workload had (a CREATE gets the marker), and a marked workload is stamped once its references
+/// fit (the lookup resolves).
+#[test]
+fn references_over_max_reference_bytes_keep_the_stamp_and_mark_a_create() {
+    let stamp_key = key();
+    let id = stamp_key.id();
+    let too_large = Lookup::TooLarge { bytes: 17 << 20 };
+    let create = decide(
+        Trigger::Create,
+        cur(None, false),
+        false,
+        &too_large,
+        id,
+        NONE,
+    );
+    assert_eq!((create.stamp, create.marker), (None, true));
+    assert_eq!(create.outcome, Outcome::KeptTooLarge);
+    assert_eq!(Outcome::KeptTooLarge.as_str(), "too-large");
+    let old = expected();
+    for trigger in [
+        update(cur(Some(STALE), false)),
+        Trigger::ConfigChange,
+        Trigger::Reconcile,
+    ] {
+        let current = match trigger {
+            Trigger::Update { .. } => cur(Some(&old), false),
+            _ => cur(Some(STALE), false),
+        };
+        let d = decide(trigger, current, false, &too_large, id, NONE);
+        assert_eq!(d.stamp.as_deref(), Some(STALE), "{trigger:?}");
+        assert!(!d.marker, "{trigger:?}");
+        assert_eq!(d.outcome, Outcome::KeptTooLarge, "{trigger:?}");
+    }
+    // Reconcile leaves the marker while it is too large, and resolves it once it fits.
+    let marked = cur(None, true);
+    let kept = decide(Trigger::Reconcile, marked, false, &too_large, id, NONE);
+    assert!(!kept.changes(marked));
+    let fits = decide(
+        Trigger::Reconcile,
+        marked,
+        false,
+        &lookup(OK, false),
+        id,
+        NONE,
+    );
+    assert_eq!((fits.stamp, fits.marker), (Some(expected()), false));
+}
+
+/// The limit counts the decoded bytes of every referenced object that exists and is not
+/// ignored, each once; `expected` says `TooLarge` only past it.
+#[test]
+fn the_limit_counts_present_objects_each_once() {
+    use confighash::core::checksum::{ObjectDigest, RefState, Tag};
+    use confighash::core::refs::ObjectRef;
+    use confighash::core::rules::{View, expected as expected_of, reference_bytes};
+    struct Sized;
+    impl View for Sized {
+        fn state(&self, object: &ObjectRef) -> RefState<'_> {
+            static BIG: std::sync::OnceLock<ObjectDigest> = std::sync::OnceLock::new();
+            match object.name.as_str() {
+                "ignored" => RefState::Ignored,
+                "absent" => RefState::Absent,
+                _ => RefState::Present(BIG.get_or_init(|| {
+                    ObjectDigest::from_digests([("k".to_owned(), Tag::Data, [0; 32])])
+                        .with_bytes(1000)
+                })),
+            }
+        }
+    }
+    let mut refs = References::default();
+    for (kind, name) in [
+        (ObjectKind::ConfigMap, "a"),
+        (ObjectKind::Secret, "a"),
+        (ObjectKind::ConfigMap, "ignored"),
+        (ObjectKind::Secret, "absent"),
+    ] {
+        refs.add(kind, name, Selection::Whole, true);
+    }
+    // The same object named twice (by key and whole) counts once.
+    refs.add(
+        ObjectKind::ConfigMap,
+        "a",
+        Selection::Keys(["k".to_owned()].into()),
+        true,
+    );
+    assert_eq!(reference_bytes(&Sized, &refs), 2000);
+    let k = key();
+    assert!(matches!(
+        expected_of(&Sized, Some(&k), NS, &refs, false, 2000),
+        Lookup::Resolved { .. }
+    ));
+    assert_eq!(
+        expected_of(&Sized, Some(&k), NS, &refs, false, 1999),
+        Lookup::TooLarge { bytes: 2000 }
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Properties: what the expected v1 stamp may change, and the upgrade from recipe v1
 
