@@ -791,6 +791,29 @@ mod tests {
     }
 
     #[test]
+    fn sizes_take_binary_suffixes_and_refuse_the_rest() {
+        assert_eq!(parse_size("1"), Ok(1));
+        assert_eq!(parse_size("512Ki"), Ok(512 << 10));
+        assert_eq!(parse_size("16Mi"), Ok(16 << 20));
+        assert_eq!(parse_size("4Gi"), Ok(4 << 30));
+        for bad in [
+            "",
+            "0",
+            "Mi",
+            "16M",
+            "16 Mi",
+            "-1",
+            "1.5Mi",
+            "5Gi",
+            "99999999999999999999Ki",
+            "16mi",
+        ] {
+            let error = parse_size(bad).unwrap_err();
+            assert!(error.contains("not a size from 1 to 4Gi"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn serve_without_flags_runs_with_the_default_config() {
         let mut config = Config::from(serve(&[]));
         // Unset, it depends on where the test runs.
@@ -815,6 +838,7 @@ mod tests {
             "--max-connections=7",
             "--lookup-deadline=3s",
             "--max-references=9",
+            "--max-reference-bytes=3Mi",
             "--exclude-namespaces=a,b",
             "--debounce=1s",
             "--resync=2m",
@@ -847,6 +871,7 @@ mod tests {
                 max_connections: 7,
                 lookup_deadline: Duration::from_secs(3),
                 max_references: 9,
+                max_reference_bytes: 3 << 20,
                 exclude_namespaces: vec!["a".into(), "b".into()],
                 rules: crate::core::rules::Options {
                     roll_on_delete: true,

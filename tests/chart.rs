@@ -272,6 +272,7 @@ webhook:
   excludeNamespaces: [legacy, sandbox]
   lookupDeadline: 1500ms
   maxReferences: 300
+  maxReferenceBytes: 8Mi
   maxConnections: 512
   clientCaFile: /etc/confighash/client-ca/ca.crt
 watcher:
@@ -815,6 +816,7 @@ fn check_monitoring(
 fn check_every_flag(objects: &[Value], install: &Install, serve: &ServeArgs, pending: &[String]) {
     assert_eq!(serve.lookup_deadline, Duration::from_millis(1500));
     assert_eq!(serve.max_connections, 512);
+    assert_eq!(serve.max_reference_bytes, 8 << 20);
     assert_eq!(serve.debounce, Duration::from_secs(10));
     assert_eq!(serve.resync, Duration::from_secs(90 * 60));
     assert_eq!(serve.max_touches_per_second, 2.5);

@@ -14,10 +14,12 @@ use crate::core::workload::WorkloadKind;
 /// The Events shown, newest last.
 pub const MAX_EVENTS: usize = 5;
 /// The reasons of the Events confighash records on workloads.
-pub const EVENT_REASONS: [&str; 6] = [
+pub const EVENT_REASONS: [&str; 8] = [
     crate::core::names::CONFIG_CHANGED_REASON,
     crate::core::names::TOUCH_FAILED_REASON,
     crate::core::names::TOO_MANY_REFERENCES_REASON,
+    crate::core::names::REFERENCES_TOO_LARGE_REASON,
+    crate::core::names::CONFIG_FLAPPING_REASON,
     crate::core::names::WOULD_ROLL_REASON,
     crate::core::names::ROLLOUT_COMPLETE_REASON,
     crate::core::names::ROLLOUT_STALLED_REASON,
