@@ -49,6 +49,15 @@
 //! Reported: serve's peak VmRSS, when the connections were closed, the normal reviews' answers
 //! and latency, and `confighash_webhook_unsent_answers_closed_total`.
 //!
+//! **Big-Secret attack** (after the first two; `CONFIGHASH_ATTACK_BIG_N`, default `16,32`, quick
+//! `16`, `0` for none; `CONFIGHASH_ATTACK_ONLY=big-secrets` runs it alone): namespace `shop`
+//! gains 256 Secrets of 1 MiB (`big-000`...), and N forged reviews at once each name all 256
+//! through `confighash.dev/extra-secrets` (about 4 KB each), while normal reviews go on. Run twice
+//! side by side: serve's default `--max-reference-bytes` (16Mi) and `--max-reference-bytes=4Gi`
+//! (no limit in practice). Reported: the attack's Secret GETs (all Secret GETs less the normal
+//! reviews' two each) and the bytes the API server sent for them, the attack's answers, the
+//! normal reviews' latency before and during, and serve's peak VmRSS.
+//!
 //! `--list` prints nothing and exits. Without `--bench` (as `cargo test --benches` runs it) the
 //! binary only checks its own setup (the stand-in, the reviews, the token's RBAC, the GET count)
 //! in about a second, and starts no serve process.
@@ -68,8 +77,8 @@ use std::time::{Duration, Instant};
 use apiserver::{ApiServer, HttpsClient, TestCa};
 use axum::body::Bytes;
 use base64::Engine;
-use confighash::core::names::EXTRA_CONFIGMAPS_ANNOTATION;
 use confighash::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL, UNSTAMPED_ANNOTATION};
+use confighash::core::names::{EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -115,6 +124,8 @@ struct Options {
     baseline: Duration,
     /// Connections of the zero-window attack (0: none).
     zero_window: usize,
+    /// Reviews at once of the big-Secret attack (empty: none).
+    big_ns: Vec<usize>,
 }
 
 fn env_list(name: &str, default: &[usize]) -> Vec<usize> {
@@ -164,6 +175,13 @@ impl Options {
                 .map(PathBuf::from),
             probe_every: Duration::from_millis(probe_ms as u64),
             baseline: Duration::from_secs(if quick { 1 } else { 2 }),
+            big_ns: match std::env::var("CONFIGHASH_ATTACK_BIG_N") {
+                Ok(v) if v.trim() == "0" => Vec::new(),
+                _ => env_list(
+                    "CONFIGHASH_ATTACK_BIG_N",
+                    if quick { &[16] } else { &[16, 32] },
+                ),
+            },
             zero_window: match std::env::var("CONFIGHASH_ATTACK_ZERO_WINDOW") {
                 Ok(v) if v.trim() == "0" => 0,
                 _ => env_list(
@@ -247,6 +265,26 @@ fn attack_review(k: usize, r: usize) -> (Value, Vec<u8>) {
         json!({"name": "app", "image": "nginx:1.27"}),
     );
     let body = review(&format!("a77ac000-0000-4000-8000-{k:012x}"), &object);
+    (object, body)
+}
+
+/// Secrets of the big-Secret attack, and the bytes of each one's value.
+const BIG_SECRETS: usize = 256;
+const BIG_SECRET_BYTES: usize = 1 << 20;
+
+fn big_secret_name(i: usize) -> String {
+    format!("big-{i:03}")
+}
+
+/// Big-Secret attack review `k`: a Deployment naming every big Secret.
+fn big_review(k: usize) -> (Value, Vec<u8>) {
+    let names: Vec<String> = (0..BIG_SECRETS).map(big_secret_name).collect();
+    let object = deployment(
+        &format!("big-{k:03}"),
+        json!({ EXTRA_SECRETS_ANNOTATION: names.join(",") }),
+        json!({"name": "app", "image": "nginx:1.27"}),
+    );
+    let body = review(&format!("b16ac000-0000-4000-8000-{k:012x}"), &object);
     (object, body)
 }
 
@@ -408,6 +446,23 @@ impl Standin {
                 .expect("create a Secret");
         }
         Standin { api }
+    }
+
+    /// Adds the big-Secret attack's [`BIG_SECRETS`] Secrets of [`BIG_SECRET_BYTES`] to `shop`.
+    async fn add_big_secrets(&self) {
+        let secrets: Api<Secret> = Api::namespaced(self.api.client(), NAMESPACE);
+        let value = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; BIG_SECRET_BYTES]);
+        for i in 0..BIG_SECRETS {
+            let secret: Secret = serde_json::from_value(json!({
+                "metadata": {"name": big_secret_name(i)},
+                "data": {"blob": value}
+            }))
+            .expect("a Secret");
+            secrets
+                .create(&PostParams::default(), &secret)
+                .await
+                .expect("create a big Secret");
+        }
     }
 
     /// GETs of ConfigMaps and of Secrets served so far.
@@ -621,18 +676,35 @@ fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)
 }
 
+/// The attack of one scenario: N reviews made by `make`, serve run with `extra` arguments.
+struct Attack<'a> {
+    n: usize,
+    r: usize,
+    make: &'a dyn Fn(usize) -> (Value, Vec<u8>),
+    extra: Vec<String>,
+    tag: String,
+}
+
 async fn scenario(
     standin: &Standin,
     binary: &Path,
     files: &Files,
     ca: &TestCa,
     options: &Options,
-    n: usize,
-    r: usize,
+    attack: Attack<'_>,
 ) -> Result<Figures, String> {
-    let reviews: Vec<(Value, Vec<u8>)> = (0..n).map(|k| attack_review(k, r)).collect();
+    let Attack {
+        n,
+        r,
+        make,
+        extra,
+        tag,
+    } = attack;
+    let reviews: Vec<(Value, Vec<u8>)> = (0..n).map(make).collect();
     let body_bytes = reviews[0].1.len();
-    let serve = Serve::start(binary, files, &options.serve_args, &format!("{n}x{r}")).await?;
+    let mut args = options.serve_args.clone();
+    args.extend(extra);
+    let serve = Serve::start(binary, files, &args, &tag).await?;
     let open_files = open_files_limit(serve.pid);
     let url = format!("https://127.0.0.1:{}/mutate", serve.webhook.port());
 
@@ -914,15 +986,24 @@ async fn run(options: Options) -> Result<(), String> {
             .trim()
     );
     let mut figures = Vec::new();
-    let only_zero_window =
-        std::env::var("CONFIGHASH_ATTACK_ONLY").is_ok_and(|v| v == "zero-window");
-    for &r in if only_zero_window {
+    let only = std::env::var("CONFIGHASH_ATTACK_ONLY").ok();
+    let only_zero_window = only.as_deref() == Some("zero-window");
+    let only_big = only.as_deref() == Some("big-secrets");
+    for &r in if only_zero_window || only_big {
         &[][..]
     } else {
         &options.rs[..]
     } {
         for &n in &options.ns {
-            let f = scenario(&standin, &binary, &files, &ca, &options, n, r).await?;
+            let make = |k| attack_review(k, r);
+            let attack = Attack {
+                n,
+                r,
+                make: &make,
+                extra: Vec::new(),
+                tag: format!("{n}x{r}"),
+            };
+            let f = scenario(&standin, &binary, &files, &ca, &options, attack).await?;
             println!(
                 "N={n} R={r}: {} ConfigMap GETs in {:.2} s; attack {}; peak VmRSS {} MiB, VmHWM \
                  {} MiB; normal during p50/max {} / {} ms (n={}); load average {}",
@@ -942,8 +1023,100 @@ async fn run(options: Options) -> Result<(), String> {
     if !figures.is_empty() {
         report(&figures);
     }
-    if options.zero_window > 0 {
+    if !options.big_ns.is_empty() && !only_zero_window {
+        big_secrets(&standin, &binary, &files, &ca, &options).await?;
+    }
+    if options.zero_window > 0 && !only_big {
         zero_window(&binary, &files, &ca, &options, options.zero_window).await?;
+    }
+    Ok(())
+}
+
+/// The big-Secret attack, with serve's default `--max-reference-bytes` and with 4Gi, side by side.
+async fn big_secrets(
+    standin: &Standin,
+    binary: &Path,
+    files: &Files,
+    ca: &TestCa,
+    options: &Options,
+) -> Result<(), String> {
+    let started = Instant::now();
+    standin.add_big_secrets().await;
+    println!(
+        "big-Secret attack: {BIG_SECRETS} Secrets of {} MiB added in {:.1} s",
+        BIG_SECRET_BYTES >> 20,
+        started.elapsed().as_secs_f64()
+    );
+    // What the API server sends for one big Secret: its value in base64, and the envelope.
+    let per_get = BIG_SECRET_BYTES.div_ceil(3) * 4 + 300;
+    let mut rows = Vec::new();
+    for (limit, extra) in [
+        ("16Mi (default)", Vec::new()),
+        ("4Gi", vec!["--max-reference-bytes=4Gi".to_owned()]),
+    ] {
+        for &n in &options.big_ns {
+            let attack = Attack {
+                n,
+                r: BIG_SECRETS,
+                make: &big_review,
+                extra: extra.clone(),
+                tag: format!("big-{n}-{}", if extra.is_empty() { "16Mi" } else { "4Gi" }),
+            };
+            let f = scenario(standin, binary, files, ca, options, attack).await?;
+            let normal = f.normal_before.len() + f.normal_during.len() + 2;
+            let attack_gets = f.secret_gets.saturating_sub(2 * f.normal_during.len());
+            println!(
+                "big-Secret N={n} limit {limit}: {attack_gets} attack GETs in {:.2} s; attack {}; \
+                 normal during p50/max {} / {} ms (n={}, {normal} in all); peak VmRSS {} MiB",
+                f.attack_secs,
+                summarize(&f.attack_answers),
+                ms(percentile(&f.normal_during, 50.0)),
+                ms(percentile(&f.normal_during, 100.0)),
+                f.normal_during.len(),
+                mib(f.rss_peak.max(f.hwm)),
+            );
+            rows.push((limit, attack_gets, f));
+        }
+    }
+    println!();
+    println!(
+        "Big Secrets: N forged reviews at once, each naming {BIG_SECRETS} Secrets of {} MiB; \
+         normal reviews (2 Secret references) every {} ms before and during",
+        BIG_SECRET_BYTES >> 20,
+        options.probe_every.as_millis()
+    );
+    println!(
+        "| --max-reference-bytes | N | attack Secret GETs (per review) | MB the API server sent | attack answers | attack p50 / max (ms) | normal before p50 / p99 / max (ms) | normal during p50 / p99 / max (ms) | normal during: answers | serve peak VmRSS (MiB) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (limit, gets, f) in &rows {
+        let p = |v: &[Duration]| {
+            format!(
+                "{} / {} / {} (n={})",
+                ms(percentile(v, 50.0)),
+                ms(percentile(v, 99.0)),
+                ms(percentile(v, 100.0)),
+                v.len()
+            )
+        };
+        println!(
+            "| {limit} | {} | {} ({:.0}) | {} | {} | {} / {} | {} | {} | {} | {} |",
+            f.n,
+            thousands(*gets as u64),
+            *gets as f64 / f.n as f64,
+            thousands((*gets * per_get / 1_000_000) as u64),
+            summarize(&f.attack_answers),
+            ms(percentile(&f.attack_latency, 50.0)),
+            ms(percentile(&f.attack_latency, 100.0)),
+            p(&f.normal_before),
+            p(&f.normal_during),
+            if f.normal_answers.is_empty() {
+                "none sent".to_owned()
+            } else {
+                summarize(&f.normal_answers)
+            },
+            mib(f.rss_peak.max(f.hwm)),
+        );
     }
     Ok(())
 }
@@ -1089,6 +1262,18 @@ async fn smoke() -> Result<(), String> {
         return Err(format!(
             "{} distinct names in an R=256 review",
             unique.len()
+        ));
+    }
+    let (object, body) = big_review(3);
+    let named = object["metadata"]["annotations"][EXTRA_SECRETS_ANNOTATION]
+        .as_str()
+        .unwrap_or_default()
+        .split(',')
+        .count();
+    if named != BIG_SECRETS || body.len() > 8_000 {
+        return Err(format!(
+            "a big-Secret review names {named} Secrets in {} bytes",
+            body.len()
         ));
     }
     let kubeconfig = kube::config::Kubeconfig::from_yaml(&standin.kubeconfig())
