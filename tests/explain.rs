@@ -136,12 +136,14 @@ async fn up_to_date_after_a_config_change_rolled_it() {
     assert!(text.contains(&format!("expected stamp: {stamp}")), "{text}");
     assert!(
         text.contains(
-            "ConfigMap web-config: whole object, required: found, 1 key, resourceVersion"
+            "ConfigMap web-config: whole object, required: found, 1 key (4 bytes), resourceVersion"
         ),
         "{text}"
     );
     assert!(
-        text.contains("Secret web-db: keys password, required: found, 1 key, resourceVersion"),
+        text.contains(
+            "Secret web-db: keys password, required: found, 1 key (7 bytes), resourceVersion"
+        ),
         "{text}"
     );
     assert!(
