@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use kube::api::{Api, PostParams};
 use real::{Jail, control_plane};
+use serde_json::json;
 use support::{Env, Setup};
 
 /// How long the cluster may take to work again after the restart: confighash's watches back off
@@ -312,4 +313,485 @@ async fn touches_refused_by_the_real_rbac_record_one_touch_failed_and_land_once_
     env.barrier("rbac").await;
     assert_eq!(env.rollouts("rbac", "Deployment", "web").await, 1);
     assert_eq!(env.events("rbac", "web", "ConfigChanged").await, 1);
+}
+
+/// Least privilege (`--watch-namespaces`) under kube-apiserver's RBAC: the chart renders a
+/// release with `watchNamespaces: [a, b]`; its ServiceAccount, Roles and ClusterRole are applied
+/// as rendered, and `confighash serve` runs as that ServiceAccount (a token from the
+/// TokenRequest API) with the list one namespace wider (`a,b,c`), replica 0 of the tier's own
+/// release stopped meanwhile. Namespace `c`'s watches get 403 from the real authorizer: counted
+/// in `confighash_watch_forbidden_total`, logged at most once a minute per watch, and they hold
+/// nothing back: the watcher syncs, and a config change in `a` rolls its workload exactly once
+/// (one PATCH, one `ConfigChanged` Event). Forged reviews sent to its webhook for a namespace
+/// outside the list, and for `c`, make no GET there (counted from the audit log for that
+/// ServiceAccount); a review in `a` is read and stamped.
+#[tokio::test]
+async fn least_privilege_on_the_real_rbac_counts_403s_and_reads_nothing_outside_the_list() {
+    const TEST: &str =
+        "least_privilege_on_the_real_rbac_counts_403s_and_reads_nothing_outside_the_list";
+    let Some(mut env) = Env::controlling(TEST, Setup::default()).await else {
+        return;
+    };
+    if real_cluster_audit(
+        &env,
+        TEST,
+        "needs kube-apiserver's RBAC and audit log (the chart's least-privilege RBAC is \
+         evaluated by the stand-in's authorizer in tests/chart.rs)",
+    )
+    .is_none()
+    {
+        return;
+    }
+    let (a, b, c, out) = (
+        env.ns("lp-a"),
+        env.ns("lp-b"),
+        env.ns("lp-c"),
+        env.ns("lp-out"),
+    );
+    for name in ["lp-a", "lp-b", "lp-c", "lp-out"] {
+        env.namespace(name, true).await;
+    }
+    env.namespace("lp-sys", false).await;
+    let own = env.ns("lp-sys");
+    let release = env.ns("lp");
+
+    // The chart's objects for this release, as rendered: RBAC and the ServiceAccount applied.
+    let rendered = least_privilege::render(&release, &own, &[&a, &b]);
+    let applied = least_privilege::apply_rbac(&env, &rendered).await;
+    let account = applied.service_account.clone();
+    let user = format!("system:serviceaccount:{own}:{account}");
+    let audit = support::AuditLog::of_user(&user).expect("the audit log");
+
+    env.config_map("lp-a", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.config_map("lp-out", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+    env.config_map("lp-c", "app-env", &[("LOG_LEVEL", "info")])
+        .await;
+
+    // The tier's own release stops; this one takes its place.
+    env.stop_confighash(false).await;
+    let restart = least_privilege::RestartOnDrop;
+    env.deployment("lp-a", "web", &[("envFrom", "app-env")])
+        .await;
+    let serve = least_privilege::Serve::start(&env, &own, &account, &[&a, &b, &c]).await;
+    let metrics = serve.metrics_url();
+    env.eventually("the watcher synced though c is refused", || async {
+        support::remote_metrics(&metrics)
+            .await
+            .is_ok_and(|m| m.lines().any(|l| l == "confighash_watcher_cache_synced 1"))
+    })
+    .await;
+    let forbidden = |text: &str, namespace: &str| -> u64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("confighash_watch_forbidden_total{")
+                    && l.contains(&format!("namespace=\"{namespace}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    env.eventually("c's watches counted as refused", || async {
+        let text = support::remote_metrics(&metrics).await.unwrap_or_default();
+        forbidden(&text, &c) >= 2
+    })
+    .await;
+    let text = support::remote_metrics(&metrics).await.unwrap();
+    assert_eq!(forbidden(&text, &a), 0, "a's Role grants its watches");
+    let refused_in = |namespace: &str| {
+        audit
+            .requests()
+            .into_iter()
+            .filter(|r| r.namespace == namespace && r.code == 403)
+            .count()
+    };
+    assert!(refused_in(&c) >= 2, "the API server refused the lists in c");
+    assert_eq!(refused_in(&a), 0);
+
+    // The other namespaces keep working: a change in a rolls web once.
+    env.config_map("lp-a", "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.wait_rollouts("lp-a", "Deployment", "web", 1).await;
+    env.eventually("one ConfigChanged Event on web", || async {
+        env.events("lp-a", "web", "ConfigChanged").await == 1
+    })
+    .await;
+    let patches = audit
+        .requests()
+        .into_iter()
+        .filter(|r| r.namespace == a && r.verb == "patch" && r.resource == "deployments")
+        .count();
+    assert_eq!(patches, 1, "one touch");
+
+    // Forged reviews: outside the list and in c, no GET; in a, read and stamped.
+    let gets_in = |namespace: &str| {
+        audit
+            .requests()
+            .into_iter()
+            .filter(|r| r.namespace == namespace && r.verb == "get")
+            .count()
+    };
+    let before = (gets_in(&out), gets_in(&c), gets_in(&a));
+    for namespace in [&out, &c] {
+        for labels in [json!({}), json!({"confighash.dev/enabled": "true"})] {
+            let reply = serve.review(namespace, labels).await;
+            assert_eq!(reply["response"]["allowed"], true, "{reply}");
+            assert!(reply["response"]["patch"].is_null(), "{namespace}: {reply}");
+        }
+    }
+    let reply = serve.review(&a, json!({})).await;
+    assert!(
+        reply["response"]["patch"].is_string(),
+        "a is stamped: {reply}"
+    );
+    env.eventually("the review's GET in a is in the audit log", || async {
+        gets_in(&a) > before.2
+    })
+    .await;
+    assert_eq!(gets_in(&out), before.0, "no GET outside the list");
+    assert_eq!(
+        gets_in(&c),
+        before.1,
+        "no GET in the namespace its RBAC refuses"
+    );
+
+    // Logged at most once a minute per watch of c, however often they were refused.
+    let text = support::remote_metrics(&metrics).await.unwrap();
+    let refusals = forbidden(&text, &c);
+    let minutes = serve.started.elapsed().as_secs() / 60 + 1;
+    let lines = serve.forbidden_log_lines();
+    let watches = 8; // ConfigMaps, Secrets and at most six workload kinds
+    assert!(lines >= 1, "the refusal is logged");
+    assert!(
+        lines as u64 <= watches * minutes && lines as u64 <= refusals,
+        "{lines} log lines for {refusals} refusals in {minutes} minute(s)"
+    );
+    eprintln!(
+        "{TEST}: {refusals} refusals in c counted, {lines} logged; {} GETs in a",
+        gets_in(&a)
+    );
+    drop(serve);
+    drop(restart);
+    env.start_confighash().await;
+    drop(applied);
+}
+
+/// The least-privilege release of the scenario above: rendered by the chart, its RBAC applied,
+/// its serve process.
+mod least_privilege {
+    use std::path::PathBuf;
+    use std::process::Command;
+    use std::time::Instant;
+
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+    use serde_json::{Value, json};
+
+    use crate::support::{self, Env};
+
+    fn root() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// `helm template RELEASE charts/confighash -n NAMESPACE --set watchNamespaces={...}`, with
+    /// helm from scripts/install-helm.sh (cached; it fails with its reason when it cannot).
+    pub fn render(release: &str, namespace: &str, watched: &[&str]) -> Vec<Value> {
+        let script = root().join("scripts/install-helm.sh");
+        let output = Command::new("bash").arg(&script).output().unwrap();
+        assert!(
+            output.status.success(),
+            "scripts/install-helm.sh could not install helm:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let helm = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+        let output = Command::new(helm)
+            .args(["template", release])
+            .arg(root().join("charts/confighash"))
+            .args(["--namespace", namespace, "--set"])
+            .arg(format!("watchNamespaces={{{}}}", watched.join(",")))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "helm template: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_saphyr::from_multiple::<Value>(&String::from_utf8(output.stdout).unwrap())
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.is_object())
+            .collect()
+    }
+
+    /// The cluster-scoped objects applied (deleted when this is dropped, also when the scenario
+    /// fails) and the ServiceAccount's name.
+    pub struct Applied {
+        pub service_account: String,
+        config: kube::Config,
+        cluster_scoped: Vec<(ApiResource, String)>,
+    }
+
+    fn resource(kind: &str) -> ApiResource {
+        let (group, plural) = match kind {
+            "ServiceAccount" => ("", "serviceaccounts"),
+            "Role" => ("rbac.authorization.k8s.io", "roles"),
+            "RoleBinding" => ("rbac.authorization.k8s.io", "rolebindings"),
+            "ClusterRole" => ("rbac.authorization.k8s.io", "clusterroles"),
+            "ClusterRoleBinding" => ("rbac.authorization.k8s.io", "clusterrolebindings"),
+            other => panic!("{other} is not applied here"),
+        };
+        let version = "v1";
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    /// Applies the rendered ServiceAccount and every RBAC object, as rendered.
+    pub async fn apply_rbac(env: &Env, rendered: &[Value]) -> Applied {
+        let mut applied = Applied {
+            service_account: String::new(),
+            config: env.real_config().expect("a real cluster"),
+            cluster_scoped: Vec::new(),
+        };
+        let params = PatchParams::apply("confighash-e2e").force();
+        for doc in rendered {
+            let kind = doc["kind"].as_str().unwrap_or_default();
+            if !matches!(
+                kind,
+                "ServiceAccount" | "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
+            ) {
+                continue;
+            }
+            let name = doc["metadata"]["name"].as_str().unwrap().to_owned();
+            let ar = resource(kind);
+            let api: Api<DynamicObject> = match doc["metadata"]["namespace"].as_str() {
+                Some(ns) => Api::namespaced_with(env.client.clone(), ns, &ar),
+                None => {
+                    applied.cluster_scoped.push((ar.clone(), name.clone()));
+                    Api::all_with(env.client.clone(), &ar)
+                }
+            };
+            api.patch(&name, &params, &Patch::Apply(doc))
+                .await
+                .unwrap_or_else(|e| panic!("applying {kind} {name}: {e}"));
+            if kind == "ServiceAccount" {
+                applied.service_account = name;
+            }
+        }
+        assert!(
+            !applied.service_account.is_empty(),
+            "the chart renders a ServiceAccount"
+        );
+        let roles = rendered.iter().filter(|d| d["kind"] == "Role").count();
+        assert!(roles >= 2, "a Role per listed namespace: {roles}");
+        applied
+    }
+
+    impl Drop for Applied {
+        fn drop(&mut self) {
+            let objects = std::mem::take(&mut self.cluster_scoped);
+            support::clean_up(
+                self.config.clone(),
+                "deleting the least-privilege release's ClusterRole and binding",
+                |client| async move {
+                    for (ar, name) in objects {
+                        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+                        match api.delete(&name, &Default::default()).await {
+                            Err(kube::Error::Api(s)) if s.code == 404 => {}
+                            Ok(_) => {}
+                            Err(e) => return Err(format!("{name}: {e}")),
+                        }
+                    }
+                    Ok(())
+                },
+            );
+        }
+    }
+
+    /// Starts the tier's replica 0 again when dropped without [`Env::start_confighash`] having
+    /// run (a failed scenario), so the scenarios after it find confighash running.
+    pub struct RestartOnDrop;
+
+    impl Drop for RestartOnDrop {
+        fn drop(&mut self) {
+            if std::thread::panicking()
+                && let Some(script) = std::env::var_os("CONFIGHASH_E2E_SERVE")
+            {
+                let _ = Command::new(script).args(["start", "0"]).status();
+            }
+        }
+    }
+
+    /// `confighash serve` as the release's ServiceAccount, on loopback ports of its own.
+    pub struct Serve {
+        child: std::process::Child,
+        dir: tempfile::TempDir,
+        webhook: u16,
+        admin: u16,
+        ca: apiserver::TestCa,
+        pub started: Instant,
+    }
+
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+
+    impl Serve {
+        pub async fn start(env: &Env, namespace: &str, account: &str, watched: &[&str]) -> Serve {
+            use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+            use k8s_openapi::api::core::v1::ServiceAccount;
+            let request = TokenRequest {
+                spec: TokenRequestSpec {
+                    audiences: Vec::new(),
+                    expiration_seconds: Some(3600),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let token = Api::<ServiceAccount>::namespaced(env.client.clone(), namespace)
+                .create_token_request(account, &Default::default(), &request)
+                .await
+                .expect("a token for the ServiceAccount")
+                .status
+                .expect("a token")
+                .token;
+            let config = env.real_config().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let ca_file = dir.path().join("cluster-ca.crt");
+            let cluster_ca = config
+                .root_cert
+                .as_ref()
+                .and_then(|certs| certs.first())
+                .expect("the cluster's CA");
+            let pem = format!(
+                "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+                base64::Engine::encode(&base64::engine::general_purpose::STANDARD, cluster_ca)
+            );
+            std::fs::write(&ca_file, pem).unwrap();
+            let kubeconfig = dir.path().join("kubeconfig");
+            std::fs::write(
+                &kubeconfig,
+                format!(
+                    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context: {{cluster: c, user: u, namespace: {namespace}}}\ncurrent-context: x\n",
+                    config.cluster_url.to_string().trim_end_matches('/'),
+                    ca_file.display()
+                ),
+            )
+            .unwrap();
+            let ca = apiserver::TestCa::new("least-privilege e2e CA");
+            let pair = ca.issue(&["127.0.0.1"]);
+            std::fs::write(dir.path().join("tls.crt"), &pair.cert_pem).unwrap();
+            std::fs::write(dir.path().join("tls.key"), &pair.key_pem).unwrap();
+            std::fs::write(dir.path().join("hmac.key"), [7u8; 32]).unwrap();
+            let (webhook, admin) = (free_port(), free_port());
+            let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+            let child = Command::new(env!("CARGO_BIN_EXE_confighash"))
+                .arg("serve")
+                .arg(format!("--listen=127.0.0.1:{webhook}"))
+                .arg(format!("--admin-listen=127.0.0.1:{admin}"))
+                .arg(format!(
+                    "--tls-cert={}",
+                    dir.path().join("tls.crt").display()
+                ))
+                .arg(format!(
+                    "--tls-key={}",
+                    dir.path().join("tls.key").display()
+                ))
+                .arg(format!(
+                    "--key-file={}",
+                    dir.path().join("hmac.key").display()
+                ))
+                .arg(format!("--watch-namespaces={}", watched.join(",")))
+                .args([
+                    "--leader-elect=false",
+                    "--debounce=400ms",
+                    "--log-level=info",
+                ])
+                .env_clear()
+                .env("KUBECONFIG", &kubeconfig)
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .stdin(std::process::Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("confighash serve");
+            Serve {
+                child,
+                dir,
+                webhook,
+                admin,
+                ca,
+                started: Instant::now(),
+            }
+        }
+
+        pub fn metrics_url(&self) -> String {
+            format!("http://127.0.0.1:{}/metrics", self.admin)
+        }
+
+        /// The lines that say a watch of a listed namespace was refused.
+        pub fn forbidden_log_lines(&self) -> usize {
+            std::fs::read_to_string(self.dir.path().join("serve.log"))
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| {
+                    l.contains("may not list or watch in a namespace of --watch-namespaces")
+                })
+                .count()
+        }
+
+        /// Sends a CREATE review of a Deployment in `namespace` with `labels`, referencing
+        /// ConfigMap app-env, to this serve's webhook; the answer.
+        pub async fn review(&self, namespace: &str, labels: Value) -> Value {
+            let object = json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "forged", "namespace": namespace, "labels": labels},
+                "spec": {"selector": {"matchLabels": {"app": "forged"}}, "template": {
+                    "metadata": {"labels": {"app": "forged"}},
+                    "spec": {"containers": [{"name": "app", "image": "registry.invalid/app",
+                        "envFrom": [{"configMapRef": {"name": "app-env"}}]}]}}}
+            });
+            let review = json!({
+                "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {
+                    "uid": "0f0f0f0f-0000-4000-8000-000000000001",
+                    "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                    "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                    "name": "forged", "namespace": namespace, "operation": "CREATE",
+                    "userInfo": {"username": "forger"},
+                    "object": object, "oldObject": null,
+                }
+            });
+            let client = apiserver::HttpsClient::new(&self.ca.pem);
+            let url = format!("https://127.0.0.1:{}/mutate", self.webhook);
+            let reply = client
+                .post(&url, serde_json::to_vec(&review).unwrap())
+                .await
+                .expect("the webhook answers");
+            assert_eq!(
+                reply.status,
+                200,
+                "{}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            serde_json::from_slice(&reply.body).unwrap()
+        }
+    }
+
+    impl Drop for Serve {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            if std::thread::panicking() {
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("serve.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("the least-privilege serve's log, last lines:");
+                for line in tail.into_iter().rev() {
+                    eprintln!("  {line}");
+                }
+            }
+        }
+    }
 }

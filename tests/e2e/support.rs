@@ -1562,14 +1562,15 @@ async fn remote_outstanding(url: &str) -> Result<(u64, u64), String> {
     ))
 }
 
-/// The value of an unlabelled gauge in the metrics at `url`.
-async fn remote_gauge(url: &str, name: &str) -> Result<u64, String> {
+/// The metrics text at `url` (plain HTTP on loopback, `/metrics` when the URL has no path),
+/// with the response head.
+pub async fn remote_metrics(url: &str) -> Result<String, String> {
     let address = url
         .strip_prefix("http://")
         .and_then(|rest| rest.split('/').next())
         .ok_or_else(|| format!("{METRICS_URL}={url} is not an http:// URL"))?;
     let path = &url["http://".len() + address.len()..];
-    let text = tokio::time::timeout(Duration::from_secs(5), async {
+    tokio::time::timeout(Duration::from_secs(5), async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(address)
             .await
@@ -1590,7 +1591,12 @@ async fn remote_gauge(url: &str, name: &str) -> Result<u64, String> {
         Ok::<_, String>(body)
     })
     .await
-    .map_err(|_| format!("{url}: no answer in 5 s"))??;
+    .map_err(|_| format!("{url}: no answer in 5 s"))?
+}
+
+/// The value of an unlabelled gauge in the metrics at `url`.
+async fn remote_gauge(url: &str, name: &str) -> Result<u64, String> {
+    let text = remote_metrics(url).await?;
     text.lines()
         .find_map(|l| {
             l.strip_prefix(name)?
@@ -1649,6 +1655,16 @@ pub fn audit() -> Option<&'static AuditLog> {
 }
 
 impl AuditLog {
+    /// The audit log named by [`AUDIT_LOG`], read for the requests of `user` (another
+    /// installation's ServiceAccount); None without the log.
+    pub fn of_user(user: &str) -> Option<AuditLog> {
+        Some(AuditLog {
+            path: std::env::var_os(AUDIT_LOG)?.into(),
+            user: user.to_owned(),
+            read: std::sync::Mutex::new((0, Vec::new())),
+        })
+    }
+
     /// The user confighash runs as (`system:serviceaccount:NS:NAME`).
     pub fn user(&self) -> &str {
         &self.user
