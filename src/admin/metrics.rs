@@ -128,38 +128,95 @@ fn dry_run_label_sets() -> Vec<RequestLabels> {
         .collect()
 }
 
-/// Every metric confighash exports.
-pub struct Metrics {
-    registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    latency: Histogram,
-    lookups: Family<LookupLabels, Counter>,
-    connections: Gauge,
-    connection_limit_reached: Counter,
-    unsent_answers_closed: Counter,
-    connection_errors: Counter,
-    watch_forbidden: Family<NamespaceKindLabels, Counter>,
-    cert_reloads: Counter,
-    cert_reload_failures: Counter,
-    cert_expiry: Gauge,
-    watched: Family<KindLabels, Gauge>,
-    synced: Gauge,
-    leader: Gauge,
-    changes: Family<KindLabels, Counter>,
-    touches: Family<OutcomeLabels, Counter>,
-    touch_retries: Counter,
-    rate_limited: Counter,
-    reconcile_mismatches: Counter,
-    touch_latency: Histogram,
-    bypassed: Counter,
-    touches_pending: Gauge,
-    touches_in_flight: Gauge,
-    dry_run: Family<RequestLabels, Counter>,
-    rollouts: Family<OutcomeLabels, Counter>,
-    rollouts_followed: Gauge,
-    rollout_latency: Histogram,
-    config_flapping: Gauge,
-    touch_wave_eta: Gauge,
+/// Declares [`Metrics`]: one line per metric (field, type = initial value, name, help), each
+/// registered under the `confighash_` prefix in this order.
+macro_rules! metrics {
+    ($($field:ident: $ty:ty = $init:expr, $name:literal, $help:literal;)*) => {
+        /// Every metric confighash exports.
+        pub struct Metrics {
+            registry: Registry,
+            $($field: $ty,)*
+        }
+
+        impl Metrics {
+            /// Every metric, registered, without any series.
+            fn registered() -> Self {
+                let mut registry = Registry::with_prefix("confighash");
+                $(
+                    let $field: $ty = $init;
+                    registry.register($name, $help, $field.clone());
+                )*
+                Metrics { registry, $($field,)* }
+            }
+        }
+    };
+}
+
+// The table of every metric.
+metrics! {
+    requests: Family<RequestLabels, Counter> = Default::default(), "webhook_requests",
+        "Admission reviews by workload kind, operation and outcome";
+    // 0.25 ms to about 4 s.
+    latency: Histogram = Histogram::new(exponential_buckets(0.000_25, 2.0, 15)), "webhook_request_duration_seconds",
+        "Time to answer an admission review, lookups included";
+    lookups: Family<LookupLabels, Counter> = Default::default(), "webhook_lookups",
+        "Reads of referenced ConfigMaps and Secrets by outcome (found, absent, error, deadline)";
+    connections: Gauge = Default::default(), "webhook_connections",
+        "Connections open on the webhook port, TLS handshakes included";
+    connection_limit_reached: Counter = Default::default(), "webhook_connection_limit_reached",
+        "Times the webhook port filled up to --max-connections (new connections then wait in the listen backlog)";
+    unsent_answers_closed: Counter = Default::default(), "webhook_unsent_answers_closed",
+        "Webhook connections closed because an answer was still unsent a second after the request timeout (a client that does not read: an HTTP/2 flow-control window kept shut)";
+    connection_errors: Counter = Default::default(), "webhook_connection_errors",
+        "Webhook connections that ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection): logged at most once a minute";
+    watch_forbidden: Family<NamespaceKindLabels, Counter> = Default::default(), "watch_forbidden",
+        "Lists and watches of a namespace of --watch-namespaces refused with 403 (no Role there grants them): logged at most once a minute per watch; the other namespaces go on";
+    cert_reloads: Counter = Default::default(), "certificate_reloads",
+        "Serving certificates loaded after a change on disk";
+    cert_reload_failures: Counter = Default::default(), "certificate_reload_failures",
+        "Changed serving certificates that could not be loaded (the old pair stays in service)";
+    cert_expiry: Gauge = Default::default(), "certificate_expiry_timestamp_seconds",
+        "When the serving certificate in use expires, in Unix seconds";
+    watched: Family<KindLabels, Gauge> = Default::default(), "watched_objects",
+        "Objects the watcher keeps, by kind (ConfigMaps and Secrets as digests only)";
+    synced: Gauge = Default::default(), "watcher_cache_synced",
+        "1 once every watch has listed its objects";
+    leader: Gauge = Default::default(), "leader",
+        "1 while this replica is the leader (only the leader touches workloads)";
+    changes: Family<KindLabels, Counter> = Default::default(), "config_changes",
+        "Content changes of referenced ConfigMaps and Secrets seen on the watch";
+    touches: Family<OutcomeLabels, Counter> = Default::default(), "touches",
+        "Workload touches by outcome (touched, kept-by-webhook, error, gone; would-roll: a touch a dry run did not make)";
+    touch_retries: Counter = Default::default(), "touch_retries",
+        "Touches scheduled again after the webhook kept the old stamp or the API failed";
+    rate_limited: Counter = Default::default(), "touches_rate_limited",
+        "Touches delayed by the global token bucket";
+    reconcile_mismatches: Counter = Default::default(), "reconcile_mismatches",
+        "Workloads reconcile found with a stale stamp or an unstamped marker";
+    // 1 ms to about 65 s: the change window is part of it.
+    touch_latency: Histogram = Histogram::new(exponential_buckets(0.001, 2.0, 17)), "change_to_touch_seconds",
+        "From a change seen on the watch to its touch sent";
+    bypassed: Counter = Default::default(), "workloads_bypassed",
+        "Workloads created in opted-in namespaces since this replica started that carry neither a stamp nor the unstamped marker: the API server did not call the webhook";
+    touches_pending: Gauge = Default::default(), "touches_pending",
+        "Workload touches the leader has pending: waiting for their time (window, pacing, backoff after a touch that did not take), due, or parked behind a touch in flight";
+    touches_in_flight: Gauge = Default::default(), "touches_in_flight",
+        "Workload touches sent whose result has not come back";
+    dry_run: Family<RequestLabels, Counter> = Default::default(), "webhook_dry_run",
+        "Admission reviews --dry-run allowed without the patch they would have had, by workload kind, operation and the outcome that patch was for";
+    rollouts: Family<OutcomeLabels, Counter> = Default::default(), "rollouts",
+        "Rollouts after config changes the leader followed, by how they ended (complete, stalled, gone, superseded, abandoned)";
+    rollouts_followed: Gauge = Default::default(), "rollouts_followed",
+        "Rollouts after config changes the leader follows now";
+    touch_wave_eta: Gauge = Default::default(), "touch_wave_eta_seconds",
+        "When the touches pending now will all have been sent, at --max-touches-per-second (whole seconds, rounded up): how long a wave of rollouts after a change of a widely used ConfigMap or Secret has to go";
+    config_flapping: Gauge = Default::default(), "config_flapping_objects",
+        "ConfigMaps and Secrets whose changes the flap guard holds back now (more than --flap-threshold change windows in --flap-period)";
+    // 1 s to about 2.3 h.
+    rollout_latency: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 14)), "config_change_to_rollout_complete_seconds",
+        "From a config change seen on the watch to the rollout it caused reported complete";
+    build_info: Family<BuildLabels, Gauge> = Default::default(), "build_info",
+        "1, labelled with the version of confighash that runs";
 }
 
 impl Default for Metrics {
@@ -170,264 +227,43 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("confighash");
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "webhook_requests",
-            "Admission reviews by workload kind, operation and outcome",
-            requests.clone(),
-        );
-        // 0.25 ms to about 4 s.
-        let latency = Histogram::new(exponential_buckets(0.000_25, 2.0, 15));
-        registry.register(
-            "webhook_request_duration_seconds",
-            "Time to answer an admission review, lookups included",
-            latency.clone(),
-        );
-        let lookups = Family::<LookupLabels, Counter>::default();
-        registry.register(
-            "webhook_lookups",
-            "Reads of referenced ConfigMaps and Secrets by outcome (found, absent, error, deadline)",
-            lookups.clone(),
-        );
-        let connections = Gauge::default();
-        registry.register(
-            "webhook_connections",
-            "Connections open on the webhook port, TLS handshakes included",
-            connections.clone(),
-        );
-        let connection_limit_reached = Counter::default();
-        registry.register(
-            "webhook_connection_limit_reached",
-            "Times the webhook port filled up to --max-connections (new connections then wait in the listen backlog)",
-            connection_limit_reached.clone(),
-        );
-        let unsent_answers_closed = Counter::default();
-        registry.register(
-            "webhook_unsent_answers_closed",
-            "Webhook connections closed because an answer was still unsent a second after the request timeout (a client that does not read: an HTTP/2 flow-control window kept shut)",
-            unsent_answers_closed.clone(),
-        );
-        let connection_errors = Counter::default();
-        registry.register(
-            "webhook_connection_errors",
-            "Webhook connections that ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection): logged at most once a minute",
-            connection_errors.clone(),
-        );
-        let watch_forbidden = Family::<NamespaceKindLabels, Counter>::default();
-        registry.register(
-            "watch_forbidden",
-            "Lists and watches of a namespace of --watch-namespaces refused with 403 (no Role there grants them): logged at most once a minute per watch; the other namespaces go on",
-            watch_forbidden.clone(),
-        );
-        let cert_reloads = Counter::default();
-        registry.register(
-            "certificate_reloads",
-            "Serving certificates loaded after a change on disk",
-            cert_reloads.clone(),
-        );
-        let cert_reload_failures = Counter::default();
-        registry.register(
-            "certificate_reload_failures",
-            "Changed serving certificates that could not be loaded (the old pair stays in service)",
-            cert_reload_failures.clone(),
-        );
-        let cert_expiry = Gauge::default();
-        registry.register(
-            "certificate_expiry_timestamp_seconds",
-            "When the serving certificate in use expires, in Unix seconds",
-            cert_expiry.clone(),
-        );
-        let watched = Family::<KindLabels, Gauge>::default();
-        registry.register(
-            "watched_objects",
-            "Objects the watcher keeps, by kind (ConfigMaps and Secrets as digests only)",
-            watched.clone(),
-        );
-        let synced = Gauge::default();
-        registry.register(
-            "watcher_cache_synced",
-            "1 once every watch has listed its objects",
-            synced.clone(),
-        );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this replica is the leader (only the leader touches workloads)",
-            leader.clone(),
-        );
-        let changes = Family::<KindLabels, Counter>::default();
-        registry.register(
-            "config_changes",
-            "Content changes of referenced ConfigMaps and Secrets seen on the watch",
-            changes.clone(),
-        );
-        let touches = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "touches",
-            "Workload touches by outcome (touched, kept-by-webhook, error, gone; would-roll: a \
-             touch a dry run did not make)",
-            touches.clone(),
-        );
-        let touch_retries = Counter::default();
-        registry.register(
-            "touch_retries",
-            "Touches scheduled again after the webhook kept the old stamp or the API failed",
-            touch_retries.clone(),
-        );
-        let rate_limited = Counter::default();
-        registry.register(
-            "touches_rate_limited",
-            "Touches delayed by the global token bucket",
-            rate_limited.clone(),
-        );
-        let reconcile_mismatches = Counter::default();
-        registry.register(
-            "reconcile_mismatches",
-            "Workloads reconcile found with a stale stamp or an unstamped marker",
-            reconcile_mismatches.clone(),
-        );
-        // 1 ms to about 65 s: the change window is part of it.
-        let touch_latency = Histogram::new(exponential_buckets(0.001, 2.0, 17));
-        registry.register(
-            "change_to_touch_seconds",
-            "From a change seen on the watch to its touch sent",
-            touch_latency.clone(),
-        );
-        let bypassed = Counter::default();
-        registry.register(
-            "workloads_bypassed",
-            "Workloads created in opted-in namespaces since this replica started that carry \
-             neither a stamp nor the unstamped marker: the API server did not call the webhook",
-            bypassed.clone(),
-        );
-        let touches_pending = Gauge::default();
-        registry.register(
-            "touches_pending",
-            "Workload touches the leader has pending: waiting for their time (window, pacing, \
-             backoff after a touch that did not take), due, or parked behind a touch in flight",
-            touches_pending.clone(),
-        );
-        let touches_in_flight = Gauge::default();
-        registry.register(
-            "touches_in_flight",
-            "Workload touches sent whose result has not come back",
-            touches_in_flight.clone(),
-        );
-        let dry_run = Family::<RequestLabels, Counter>::default();
-        registry.register(
-            "webhook_dry_run",
-            "Admission reviews --dry-run allowed without the patch they would have had, by \
-             workload kind, operation and the outcome that patch was for",
-            dry_run.clone(),
-        );
-        let rollouts = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "rollouts",
-            "Rollouts after config changes the leader followed, by how they ended (complete, \
-             stalled, gone, superseded, abandoned)",
-            rollouts.clone(),
-        );
-        let rollouts_followed = Gauge::default();
-        registry.register(
-            "rollouts_followed",
-            "Rollouts after config changes the leader follows now",
-            rollouts_followed.clone(),
-        );
-        let touch_wave_eta = Gauge::default();
-        registry.register(
-            "touch_wave_eta_seconds",
-            "When the touches pending now will all have been sent, at --max-touches-per-second \
-             (whole seconds, rounded up): how long a wave of rollouts after a change of a widely \
-             used ConfigMap or Secret has to go",
-            touch_wave_eta.clone(),
-        );
-        let config_flapping = Gauge::default();
-        registry.register(
-            "config_flapping_objects",
-            "ConfigMaps and Secrets whose changes the flap guard holds back now (more than \
-             --flap-threshold change windows in --flap-period)",
-            config_flapping.clone(),
-        );
-        // 1 s to about 2.3 h.
-        let rollout_latency = Histogram::new(exponential_buckets(1.0, 2.0, 14));
-        registry.register(
-            "config_change_to_rollout_complete_seconds",
-            "From a config change seen on the watch to the rollout it caused reported complete",
-            rollout_latency.clone(),
-        );
-        let build_info = Family::<BuildLabels, Gauge>::default();
-        registry.register(
-            "build_info",
-            "1, labelled with the version of confighash that runs",
-            build_info.clone(),
-        );
-        build_info
+        let metrics = Self::registered();
+        metrics
+            .build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
-
         // Every series whose labels are known in advance exists from the start, at 0, so
         // `rate()` and `increase()` see its first increment.
         for labels in request_label_sets() {
-            let _ = requests.get_or_create(&labels);
+            let _ = metrics.requests.get_or_create(&labels);
         }
         for kind in ObjectKind::ALL {
             for outcome in LOOKUP_OUTCOMES {
-                let _ = lookups.get_or_create(&LookupLabels {
+                let _ = metrics.lookups.get_or_create(&LookupLabels {
                     kind: kind.as_str(),
                     outcome,
                 });
             }
-            let _ = watched.get_or_create(&KindLabels {
+            let _ = metrics.watched.get_or_create(&KindLabels {
                 kind: kind.as_str(),
             });
-            let _ = changes.get_or_create(&KindLabels {
+            let _ = metrics.changes.get_or_create(&KindLabels {
                 kind: kind.as_str(),
             });
         }
         for kind in WorkloadKind::ALL {
-            let _ = watched.get_or_create(&KindLabels { kind: kind.kind() });
+            let _ = metrics
+                .watched
+                .get_or_create(&KindLabels { kind: kind.kind() });
         }
         for outcome in TOUCH_OUTCOMES {
-            let _ = touches.get_or_create(&OutcomeLabels { outcome });
+            let _ = metrics.touches.get_or_create(&OutcomeLabels { outcome });
         }
         for outcome in ROLLOUT_OUTCOMES {
-            let _ = rollouts.get_or_create(&OutcomeLabels { outcome });
+            let _ = metrics.rollouts.get_or_create(&OutcomeLabels { outcome });
         }
-        let metrics = Metrics {
-            registry,
-            bypassed,
-            touches_pending,
-            touches_in_flight,
-            rollouts,
-            rollouts_followed,
-            rollout_latency,
-            config_flapping,
-            touch_wave_eta,
-            watched,
-            synced,
-            leader,
-            changes,
-            touches,
-            touch_retries,
-            rate_limited,
-            reconcile_mismatches,
-            touch_latency,
-            requests,
-            latency,
-            lookups,
-            connections,
-            connection_limit_reached,
-            unsent_answers_closed,
-            connection_errors,
-            watch_forbidden,
-            cert_reloads,
-            cert_reload_failures,
-            cert_expiry,
-            dry_run,
-        };
         metrics.prepare_dry_run();
         metrics
     }
