@@ -44,11 +44,23 @@ pub const MAX_OBJECT_BYTES: usize = 4 * 1024 * 1024;
 /// Memory the webhook's reviews may hold at once, all together: review bodies, what parsing them
 /// takes, and the objects their lookups read while those are decoded. Taken in bytes; what is
 /// taken is given back when its permit is dropped.
+///
+/// Object answers larger than [`LARGE_ANSWER_BYTES`] are read at most [`LARGE_ANSWERS_AT_ONCE`]
+/// at a time, all reviews together: a flood of reviews naming large Secrets then holds a bounded
+/// part of the budget, and small answers and new reviews keep finding room.
 #[derive(Debug, Clone)]
 pub struct MemoryBudget {
     semaphore: Arc<Semaphore>,
     capacity: usize,
+    large: Arc<Semaphore>,
 }
+
+/// An object answer past this many bytes is large: see [`MemoryBudget`].
+pub const LARGE_ANSWER_BYTES: usize = 64 * 1024;
+/// Large answers read at once, all reviews together. Each holds at most twice
+/// [`MAX_OBJECT_BYTES`] of the budget, about 24 MiB for all of them at worst, 22 MiB for eight
+/// Secrets of 1 MiB.
+pub const LARGE_ANSWERS_AT_ONCE: usize = 8;
 
 impl MemoryBudget {
     pub fn new(bytes: usize) -> Self {
@@ -56,7 +68,13 @@ impl MemoryBudget {
         MemoryBudget {
             semaphore: Arc::new(Semaphore::new(capacity)),
             capacity,
+            large: Arc::new(Semaphore::new(LARGE_ANSWERS_AT_ONCE)),
         }
+    }
+
+    /// Waits for a place to read a large answer ([`LARGE_ANSWER_BYTES`]).
+    async fn large_answer(&self) -> Option<OwnedSemaphorePermit> {
+        self.large.clone().acquire_owned().await.ok()
     }
 
     /// The whole budget in bytes.
@@ -232,18 +250,28 @@ impl ObjectSource for KubeSource {
     }
 }
 
+/// What an answer holds of the budget while it is read and decoded: its bytes, and for a large
+/// answer its place among [`LARGE_ANSWERS_AT_ONCE`].
+type Permits = (Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>);
+
 /// An answer's body, at most [`MAX_OBJECT_BYTES`], its buffer taken from `budget` as it grows
-/// (twice over: decoding may copy strings that hold escapes).
-async fn read_limited(
-    mut body: GetBody,
+/// (twice over: decoding may copy strings that hold escapes); past [`LARGE_ANSWER_BYTES`] it
+/// waits for a place among the large answers first.
+async fn read_limited<B>(
+    mut body: B,
     declared: Option<u64>,
     budget: &MemoryBudget,
-) -> Result<(Vec<u8>, Option<OwnedSemaphorePermit>), String> {
+) -> Result<(Vec<u8>, Permits), String>
+where
+    B: hyper::body::Body<Data = hyper::body::Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let too_large = || format!("the answer is larger than {MAX_OBJECT_BYTES} bytes");
     if declared.is_some_and(|n| n > MAX_OBJECT_BYTES as u64) {
         return Err(too_large());
     }
     let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut large: Option<OwnedSemaphorePermit> = None;
     let mut buf: Vec<u8> = Vec::new();
     let initial = declared.map_or(16 * 1024, |n| n as usize);
     while let Some(frame) = body.frame().await {
@@ -260,6 +288,14 @@ async fn read_limited(
                 .max(buf.capacity() * 2)
                 .max(initial)
                 .min(MAX_OBJECT_BYTES);
+            if capacity > LARGE_ANSWER_BYTES && large.is_none() {
+                large = Some(
+                    budget
+                        .large_answer()
+                        .await
+                        .ok_or_else(|| "the webhook's memory budget is closed".to_owned())?,
+                );
+            }
             let more = budget
                 .reserve(2 * (capacity - buf.capacity()))
                 .await
@@ -274,7 +310,8 @@ async fn read_limited(
         }
         buf.extend_from_slice(&data);
     }
-    Ok((buf, held))
+    // Both held until the answer is decoded.
+    Ok((buf, (held, large)))
 }
 
 /// A string that borrows from the input where it holds no escapes.
@@ -1074,6 +1111,36 @@ mod tests {
         assert_eq!(source.reads.load(Ordering::SeqCst), 40);
         assert_eq!(lookups.places_free(), 8);
         assert_eq!(lookups.fair.state.lock().unwrap().heavy, 0);
+    }
+
+    #[tokio::test]
+    async fn large_answers_are_read_a_few_at_a_time_and_small_ones_never_wait_for_them() {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+        let budget = MemoryBudget::new(64 << 20);
+        let large = || Full::new(Bytes::from(vec![b'x'; LARGE_ANSWER_BYTES + 1]));
+        let mut held = Vec::new();
+        for _ in 0..LARGE_ANSWERS_AT_ONCE {
+            held.push(read_limited(large(), None, &budget).await.unwrap());
+        }
+        // The next large answer waits for one of them; a small one does not.
+        let waiting = read_limited(large(), None, &budget);
+        tokio::pin!(waiting);
+        assert!(
+            futures::poll!(waiting.as_mut()).is_pending(),
+            "a ninth large answer is read while eight are held"
+        );
+        let (small, _permits) = read_limited(
+            Full::new(Bytes::from(vec![b'y'; LARGE_ANSWER_BYTES])),
+            None,
+            &budget,
+        )
+        .await
+        .unwrap();
+        assert_eq!(small.len(), LARGE_ANSWER_BYTES);
+        held.pop();
+        let (body, _permits) = waiting.await.unwrap();
+        assert_eq!(body.len(), LARGE_ANSWER_BYTES + 1);
     }
 
     fn entry(kind: ObjectKind, body: &str) -> Result<ObjectRecord, String> {
