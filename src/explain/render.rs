@@ -121,14 +121,37 @@ fn yes_no(b: Option<bool>, yes: &str, no: &str, unknown: &str) -> String {
 }
 
 /// One workload's explanation as text.
+/// The explanation as text: one section after another.
 pub fn text(e: &Explanation) -> String {
+    let sections: [fn(&mut String, &Explanation); 9] = [
+        verdict,
+        namespace,
+        webhook,
+        workload,
+        stamp,
+        references,
+        key,
+        events,
+        |w, e| {
+            let _ = writeln!(w, "  rollout: {}", rollout(&e.rollout));
+        },
+    ];
     let mut out = String::new();
-    let w = &mut out;
+    for section in sections {
+        section(&mut out, e);
+    }
+    out
+}
+
+/// The workload, its verdict and why.
+fn verdict(w: &mut String, e: &Explanation) {
     let _ = writeln!(w, "{} {}/{}", e.kind, e.namespace, e.name);
     let _ = writeln!(w, "  verdict: {}", e.verdict.as_str());
     let _ = writeln!(w, "    {}", shown(&e.reason));
+}
 
-    // Selection.
+/// Whether its namespace is opted in.
+fn namespace(w: &mut String, e: &Explanation) {
     let ns = &e.namespace_info;
     let opt_in = match (ns.opted_in, &ns.label) {
         (Some(true), _) => format!("opted in ({ENABLED_LABEL}=true)"),
@@ -143,6 +166,10 @@ pub fn text(e: &Explanation) -> String {
         ),
     };
     let _ = writeln!(w, "  namespace {}: {opt_in}", e.namespace);
+}
+
+/// Whether the webhook configuration selects it, entry by entry.
+fn webhook(w: &mut String, e: &Explanation) {
     let hook = &e.webhook;
     let state = match hook.state {
         "found" => yes_no(
@@ -187,6 +214,10 @@ pub fn text(e: &Explanation) -> String {
             let _ = writeln!(w, "      note: {}", shown(note));
         }
     }
+}
+
+/// Whether the workload opts out or in by its own label.
+fn workload(w: &mut String, e: &Explanation) {
     let _ = writeln!(
         w,
         "  workload: {}",
@@ -200,8 +231,10 @@ pub fn text(e: &Explanation) -> String {
             "not opted out".to_owned()
         }
     );
+}
 
-    // Stamp.
+/// The stamp it carries, and its marker.
+fn stamp(w: &mut String, e: &Explanation) {
     let s = &e.stamp;
     let value = shown(s.value.as_deref().unwrap_or(""));
     let recipe = shown(s.recipe.as_deref().unwrap_or(""));
@@ -230,8 +263,10 @@ pub fn text(e: &Explanation) -> String {
     if let Some(marker) = &s.marker {
         let _ = writeln!(w, "  marker (confighash.dev/unstamped): {}", shown(marker));
     }
+}
 
-    // References.
+/// Its references, as read.
+fn references(w: &mut String, e: &Explanation) {
     if e.references.is_empty() {
         let _ = writeln!(w, "  references: none");
     } else {
@@ -246,8 +281,10 @@ pub fn text(e: &Explanation) -> String {
             "    {name:?} in an extra-reference annotation is not a valid name, left out"
         );
     }
+}
 
-    // Key and expected stamp.
+/// The installation's key and the expected stamp.
+fn key(w: &mut String, e: &Explanation) {
     let k = &e.key;
     let key_place = match k.source {
         "file" => format!("key file {}", shown(k.path.as_deref().unwrap_or(""))),
@@ -271,8 +308,10 @@ pub fn text(e: &Explanation) -> String {
         "  expected stamp: {}",
         e.expected_stamp.as_deref().unwrap_or("not known")
     );
+}
 
-    // Events.
+/// The Events confighash recorded on it.
+fn events(w: &mut String, e: &Explanation) {
     match e.events.state {
         "found" if e.events.items.is_empty() => {
             let _ = writeln!(w, "  events recorded by confighash: none");
@@ -305,8 +344,6 @@ pub fn text(e: &Explanation) -> String {
             );
         }
     }
-    let _ = writeln!(w, "  rollout: {}", rollout(&e.rollout));
-    out
 }
 
 fn reference(w: &mut String, r: &Reference) {
