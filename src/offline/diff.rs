@@ -315,43 +315,14 @@ pub fn diff(base: &[Source], head: &[Source], options: &Options) -> Result<Repor
         if b.refs != h.refs && !template_changed {
             reasons.push("its references changed".to_owned());
         }
-        for (r, spec) in h.refs.iter() {
-            let what = format!("{} {}", r.kind.as_str(), r.name);
-            let keys = |keys: &[String]| {
-                let shown: Vec<&str> = keys.iter().map(String::as_str).collect();
-                shown.join(", ")
-            };
-            match compare(&base_input, &head_input, ns, r, &spec.selection) {
-                ObjectChange::Same => {
-                    if !base_input.configs.contains_key(&(ns.clone(), r.clone()))
-                        && !head_input.configs.contains_key(&(ns.clone(), r.clone()))
-                    {
-                        outside.insert(format!("{what} in {ns}"));
-                    }
-                }
-                ObjectChange::Read(k) => reasons.push(format!("{what}: keys {}", keys(&k))),
-                ObjectChange::Added => reasons.push(format!("{what}: added")),
-                ObjectChange::Ignored => {
-                    reasons.push(format!("{what}: its ignore annotation changed"))
-                }
-                ObjectChange::Removed if spec.optional => {
-                    reasons.push(format!("{what}: removed (an optional reference)"))
-                }
-                ObjectChange::Removed => unread.push(format!(
-                    "{what}: removed; a required reference that is absent keeps the stamp"
-                )),
-                ObjectChange::Unread(k) => unread.push(format!(
-                    "{what}: keys it does not read changed ({})",
-                    keys(&k)
-                )),
-                ObjectChange::IgnoredChanged => unread.push(format!(
-                    "{what}: ignored ({IGNORE_ANNOTATION}): its changes never roll"
-                )),
-                ObjectChange::Metadata => {
-                    unread.push(format!("{what}: its metadata changed, not its data"))
-                }
-            }
-        }
+        config_changes(
+            (&base_input, &head_input),
+            ns,
+            &h.refs,
+            &mut reasons,
+            &mut unread,
+            &mut outside,
+        );
         let stamp_changes = !kept && base_stamp != head_stamp;
         let verdict = if template_changed || stamp_changes {
             Verdict::Rolls
@@ -404,6 +375,53 @@ pub fn diff(base: &[Source], head: &[Source], options: &Options) -> Result<Repor
     });
     report.outside = outside.into_iter().collect();
     Ok(report)
+}
+
+/// What changed in each referenced object between base and head: what moves the stamp goes to
+/// `reasons`, what it does not read to `unread`, and objects in neither input to `outside`.
+fn config_changes(
+    (base_input, head_input): (&Input, &Input),
+    ns: &String,
+    refs: &References,
+    reasons: &mut Vec<String>,
+    unread: &mut Vec<String>,
+    outside: &mut BTreeSet<String>,
+) {
+    for (r, spec) in refs.iter() {
+        let what = format!("{} {}", r.kind.as_str(), r.name);
+        let keys = |keys: &[String]| {
+            let shown: Vec<&str> = keys.iter().map(String::as_str).collect();
+            shown.join(", ")
+        };
+        match compare(base_input, head_input, ns, r, &spec.selection) {
+            ObjectChange::Same => {
+                if !base_input.configs.contains_key(&(ns.clone(), r.clone()))
+                    && !head_input.configs.contains_key(&(ns.clone(), r.clone()))
+                {
+                    outside.insert(format!("{what} in {ns}"));
+                }
+            }
+            ObjectChange::Read(k) => reasons.push(format!("{what}: keys {}", keys(&k))),
+            ObjectChange::Added => reasons.push(format!("{what}: added")),
+            ObjectChange::Ignored => reasons.push(format!("{what}: its ignore annotation changed")),
+            ObjectChange::Removed if spec.optional => {
+                reasons.push(format!("{what}: removed (an optional reference)"))
+            }
+            ObjectChange::Removed => unread.push(format!(
+                "{what}: removed; a required reference that is absent keeps the stamp"
+            )),
+            ObjectChange::Unread(k) => unread.push(format!(
+                "{what}: keys it does not read changed ({})",
+                keys(&k)
+            )),
+            ObjectChange::IgnoredChanged => unread.push(format!(
+                "{what}: ignored ({IGNORE_ANNOTATION}): its changes never roll"
+            )),
+            ObjectChange::Metadata => {
+                unread.push(format!("{what}: its metadata changed, not its data"))
+            }
+        }
+    }
 }
 
 /// The report as text, JSON or Markdown (for a pull-request comment).

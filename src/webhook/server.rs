@@ -284,21 +284,10 @@ pub fn ipv4_fallback(addr: SocketAddr, error: &std::io::Error) -> Option<SocketA
         .then(|| SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, v6.port())))
 }
 
-/// Binds both ports and starts serving within `limits`.
-pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, ServeError> {
-    let bind =
-        |addr: SocketAddr| listen(addr).map_err(|source| ServeError::Listen { addr, source });
-    let listener = bind(config.listen)?;
-    let admin_listener = bind(config.admin_listen)?;
-    let webhook_addr = listener.local_addr().unwrap_or(config.listen);
-    let admin_addr = admin_listener.local_addr().unwrap_or(config.admin_listen);
-    let (stop, stopped) = watch::channel(false);
-    let (stop_admin, admin_stopped) = watch::channel(false);
-
-    let metrics = config.webhook.metrics().clone();
-    metrics.set_cert_expiry(config.certs.not_after());
-    config.health.set_certificate_loaded();
-    let mut reload_tasks = vec![{
+/// The tasks that reload the serving certificate, and the client CA if there is one, when they
+/// change on disk.
+fn reload_tasks(config: &ServeConfig, metrics: &Arc<Metrics>) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![{
         let certs = config.certs.clone();
         let metrics = metrics.clone();
         tokio::spawn(certs.clone().poll(config.cert_poll, move |result| match result {
@@ -316,7 +305,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
     }];
     if let Some(ca) = &config.client_ca {
         let path = ca.path().to_owned();
-        reload_tasks.push(tokio::spawn(ca.clone().poll(
+        tasks.push(tokio::spawn(ca.clone().poll(
             config.cert_poll,
             move |result| match result {
                 Ok(false) => {}
@@ -328,16 +317,17 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             },
         )));
     }
+    tasks
+}
 
-    let max_connections = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
-    let open = Arc::new(AtomicUsize::new(0));
-    let acceptor = TlsAcceptor::from(Arc::new(
-        config.certs.server_config_with(config.client_ca.as_ref()),
-    ));
-    // Without a client CA one pool, where new connections wait in the backlog; with one, a
-    // handshake pool that makes room for new connections and a pool reserved for connections
-    // with a valid client certificate.
-    let (admission, reserved) = if config.client_ca.is_some() {
+/// How the webhook port admits connections. Without a client CA one pool, where new
+/// connections wait in the backlog; with one, a handshake pool that makes room for new
+/// connections and a pool reserved for connections with a valid client certificate.
+fn webhook_admission(
+    max_connections: usize,
+    client_ca: bool,
+) -> (Admission, Option<Arc<Semaphore>>) {
+    if client_ca {
         let (handshakes, reserved) = reserved_connections(max_connections);
         (
             Admission::Evict(EvictingPool::new(handshakes)),
@@ -351,7 +341,30 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             },
             None,
         )
-    };
+    }
+}
+
+/// Binds both ports and starts serving within `limits`.
+pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, ServeError> {
+    let bind =
+        |addr: SocketAddr| listen(addr).map_err(|source| ServeError::Listen { addr, source });
+    let listener = bind(config.listen)?;
+    let admin_listener = bind(config.admin_listen)?;
+    let webhook_addr = listener.local_addr().unwrap_or(config.listen);
+    let admin_addr = admin_listener.local_addr().unwrap_or(config.admin_listen);
+    let (stop, stopped) = watch::channel(false);
+    let (stop_admin, admin_stopped) = watch::channel(false);
+
+    let metrics = config.webhook.metrics().clone();
+    metrics.set_cert_expiry(config.certs.not_after());
+    config.health.set_certificate_loaded();
+    let reload_tasks = reload_tasks(&config, &metrics);
+    let max_connections = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let open = Arc::new(AtomicUsize::new(0));
+    let acceptor = TlsAcceptor::from(Arc::new(
+        config.certs.server_config_with(config.client_ca.as_ref()),
+    ));
+    let (admission, reserved) = webhook_admission(max_connections, config.client_ca.is_some());
     let reviews = ReviewLimits::new(limits.request_timeout, limits.review_memory);
     let router = admission::router_with(config.webhook.clone(), reviews.clone());
     let webhook_task = tokio::spawn(serve_port(
