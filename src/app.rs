@@ -290,17 +290,79 @@ impl Config {
 /// when it comes from a Secret), the certificates made (with `--self-signed-certs`) and loaded,
 /// the webhook built, and leader election running when on. Dropping it stops what it started.
 pub struct App {
+    shared: Shared,
+    certs: Arc<CertStore>,
+    client_ca: Option<Arc<ClientCaStore>>,
+    webhook: Arc<Webhook>,
+    background: Tasks,
+}
+
+/// What [`App`] and [`Serving`] both hold and show (they dereference to it): the configuration,
+/// the client, the pod's namespace, the key, the metrics and leader election.
+pub struct Shared {
     config: Config,
     client: kube::Client,
     namespace: String,
     keys: Arc<KeyStore>,
-    certs: Arc<CertStore>,
-    client_ca: Option<Arc<ClientCaStore>>,
     metrics: Arc<Metrics>,
-    webhook: Arc<Webhook>,
-    leader: LeaderConfig,
     leadership: Leadership,
-    background: Tasks,
+    leader: LeaderConfig,
+}
+
+impl Shared {
+    /// The configuration, with the identity chosen.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The pod's namespace: the client's default namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn keys(&self) -> &Arc<KeyStore> {
+        &self.keys
+    }
+
+    /// The webhook's and the watcher's metrics, served on the admin port.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn leadership(&self) -> &Leadership {
+        &self.leadership
+    }
+
+    fn spawn_watcher(&self) -> JoinHandle<()> {
+        spawn_watcher(
+            &self.config,
+            &self.namespace,
+            &self.client,
+            &self.keys,
+            &self.leadership,
+            &self.metrics,
+        )
+    }
+}
+
+impl std::ops::Deref for App {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+impl std::ops::Deref for Serving {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 impl App {
@@ -372,16 +434,18 @@ impl App {
             Leadership::always()
         };
         Ok(App {
-            config,
-            client,
-            namespace,
-            keys,
+            shared: Shared {
+                config,
+                client,
+                namespace,
+                keys,
+                metrics,
+                leadership,
+                leader,
+            },
             certs,
             client_ca,
-            metrics,
             webhook,
-            leader,
-            leadership,
             background,
         })
     }
@@ -412,69 +476,24 @@ impl App {
 
     async fn start_parts(self, watcher: bool) -> Result<Serving, RunError> {
         let App {
-            config,
-            client,
-            namespace,
-            keys,
+            shared,
             certs,
             client_ca,
-            metrics,
             webhook,
-            leader,
-            leadership,
             background,
         } = self;
         let mut tasks = Tasks::default();
         if watcher {
-            tasks.push(spawn_watcher(
-                &config,
-                &namespace,
-                &client,
-                &keys,
-                &leadership,
-                &metrics,
-            ));
+            tasks.push(shared.spawn_watcher());
         }
-        let server = Self::start_server(&config, certs, client_ca, webhook).await?;
+        let server = Self::start_server(&shared.config, certs, client_ca, webhook).await?;
         tracing::info!(webhook = %server.webhook_addr, admin = %server.admin_addr, "serving");
         Ok(Serving {
-            config,
-            client,
-            namespace,
-            keys,
-            metrics,
-            leadership,
-            leader,
+            shared,
             server,
             watcher: tasks,
             background,
         })
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    /// The pod's namespace: the client's default namespace.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    pub fn keys(&self) -> &Arc<KeyStore> {
-        &self.keys
-    }
-
-    /// The webhook's and the watcher's metrics, served on the admin port.
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    pub fn leadership(&self) -> &Leadership {
-        &self.leadership
     }
 
     // ----- each part from the configuration -----
@@ -657,13 +676,7 @@ fn identity(config: &Config) -> String {
 /// the background tasks (the key watch, the certificate upkeep, leader election) but not the
 /// server: see [`Serving::shutdown`].
 pub struct Serving {
-    config: Config,
-    client: kube::Client,
-    namespace: String,
-    keys: Arc<KeyStore>,
-    metrics: Arc<Metrics>,
-    leadership: Leadership,
-    leader: LeaderConfig,
+    shared: Shared,
     server: Running,
     watcher: Tasks,
     background: Tasks,
@@ -694,43 +707,11 @@ impl Serving {
         &self.server
     }
 
-    /// The configuration, with the identity chosen.
-    pub fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub fn client(&self) -> &kube::Client {
-        &self.client
-    }
-
-    /// The pod's namespace.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    pub fn keys(&self) -> &Arc<KeyStore> {
-        &self.keys
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
-    }
-
-    pub fn leadership(&self) -> &Leadership {
-        &self.leadership
-    }
-
     /// Starts the watcher, unless it runs already.
     pub fn start_watcher(&mut self) {
         if self.watcher.0.is_empty() {
-            self.watcher.push(spawn_watcher(
-                &self.config,
-                &self.namespace,
-                &self.client,
-                &self.keys,
-                &self.leadership,
-                &self.metrics,
-            ));
+            let task = self.shared.spawn_watcher();
+            self.watcher.push(task);
         }
     }
 
@@ -744,14 +725,17 @@ impl Serving {
     /// gracefully ([`Running::shutdown`]).
     pub async fn shutdown(self) {
         let Serving {
-            config,
-            client,
-            leadership,
-            leader,
+            shared:
+                Shared {
+                    config,
+                    client,
+                    leadership,
+                    leader,
+                    ..
+                },
             server,
             mut watcher,
             mut background,
-            ..
         } = self;
         watcher.abort_all();
         background.abort_all();
