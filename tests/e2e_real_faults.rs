@@ -323,8 +323,9 @@ async fn touches_refused_by_the_real_rbac_record_one_touch_failed_and_land_once_
 /// in `confighash_watch_forbidden_total`, logged at most once a minute per watch, and they hold
 /// nothing back: the watcher syncs, and a config change in `a` rolls its workload exactly once
 /// (one PATCH, one `ConfigChanged` Event). Forged reviews sent to its webhook for a namespace
-/// outside the list, and for `c`, make no GET there (counted from the audit log for that
-/// ServiceAccount); a review in `a` is read and stamped.
+/// outside the list make no GET there (counted from the audit log for that ServiceAccount);
+/// in `c` the GET is refused (403) and a CREATE gets the `lookup-failed` marker; a review in `a`
+/// is read and stamped.
 #[tokio::test]
 async fn least_privilege_on_the_real_rbac_counts_403s_and_reads_nothing_outside_the_list() {
     const TEST: &str =
@@ -423,36 +424,44 @@ async fn least_privilege_on_the_real_rbac_counts_403s_and_reads_nothing_outside_
         .count();
     assert_eq!(patches, 1, "one touch");
 
-    // Forged reviews: outside the list and in c, no GET; in a, read and stamped.
+    // Forged reviews: outside the list, no GET and no patch, whatever labels they claim; in c
+    // (listed, refused by RBAC) the GET gets 403 and a CREATE is marked for reconcile (rule 1);
+    // in a, read and stamped.
     let gets_in = |namespace: &str| {
         audit
             .requests()
             .into_iter()
             .filter(|r| r.namespace == namespace && r.verb == "get")
-            .count()
+            .map(|r| r.code)
+            .collect::<Vec<u16>>()
     };
-    let before = (gets_in(&out), gets_in(&c), gets_in(&a));
-    for namespace in [&out, &c] {
-        for labels in [json!({}), json!({"confighash.dev/enabled": "true"})] {
-            let reply = serve.review(namespace, labels).await;
-            assert_eq!(reply["response"]["allowed"], true, "{reply}");
-            assert!(reply["response"]["patch"].is_null(), "{namespace}: {reply}");
-        }
+    let before = (gets_in(&out).len(), gets_in(&c).len(), gets_in(&a).len());
+    for labels in [json!({}), json!({"confighash.dev/enabled": "true"})] {
+        let reply = serve.review(&out, labels).await;
+        assert_eq!(reply["response"]["allowed"], true, "{reply}");
+        assert!(reply["response"]["patch"].is_null(), "{out}: {reply}");
     }
+    let marked = serve.review(&c, json!({})).await;
+    assert_eq!(
+        least_privilege::marker_set_by(&marked).as_deref(),
+        Some("lookup-failed"),
+        "{marked}"
+    );
     let reply = serve.review(&a, json!({})).await;
     assert!(
         reply["response"]["patch"].is_string(),
         "a is stamped: {reply}"
     );
-    env.eventually("the review's GET in a is in the audit log", || async {
-        gets_in(&a) > before.2
-    })
+    env.eventually(
+        "the reviews' GETs in a and c are in the audit log",
+        || async { gets_in(&a).len() > before.2 && gets_in(&c).len() > before.1 },
+    )
     .await;
-    assert_eq!(gets_in(&out), before.0, "no GET outside the list");
-    assert_eq!(
-        gets_in(&c),
-        before.1,
-        "no GET in the namespace its RBAC refuses"
+    assert_eq!(gets_in(&out).len(), before.0, "no GET outside the list");
+    assert!(
+        gets_in(&c)[before.1..].iter().all(|code| *code == 403),
+        "every GET in c refused: {:?}",
+        gets_in(&c)
     );
 
     // Logged at most once a minute per watch of c, however often they were refused.
@@ -468,7 +477,7 @@ async fn least_privilege_on_the_real_rbac_counts_403s_and_reads_nothing_outside_
     );
     eprintln!(
         "{TEST}: {refusals} refusals in c counted, {lines} logged; {} GETs in a",
-        gets_in(&a)
+        gets_in(&a).len()
     );
     drop(serve);
     drop(restart);
@@ -490,6 +499,25 @@ mod least_privilege {
 
     fn root() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+
+    /// The `confighash.dev/unstamped` value a review's answer sets, if its patch sets one.
+    pub fn marker_set_by(reply: &Value) -> Option<String> {
+        use base64::Engine;
+        let patch = reply["response"]["patch"].as_str()?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .ok()?;
+        let ops: Vec<Value> = serde_json::from_slice(&bytes).ok()?;
+        ops.iter().find_map(|op| match op["path"].as_str()? {
+            "/metadata/annotations/confighash.dev~1unstamped" => {
+                op["value"].as_str().map(str::to_owned)
+            }
+            "/metadata/annotations" => op["value"]["confighash.dev/unstamped"]
+                .as_str()
+                .map(str::to_owned),
+            _ => None,
+        })
     }
 
     /// `helm template RELEASE charts/confighash -n NAMESPACE --set watchNamespaces={...}`, with
