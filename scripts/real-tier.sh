@@ -73,8 +73,8 @@ phase "tools ready: $BIN"
 
 # The release build, as a user runs it (.ci/run has built it already for the demo).
 (cd "$ROOT" && cargo build --release --locked --bin confighash) || fail "cargo build --release failed"
-(cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security --test stories --test differential) >/dev/null 2>&1 ||
-    (cd "$ROOT" && cargo test --locked --no-run --test 'e2e_*' --test security --test stories --test differential) ||
+(cd "$ROOT" && cargo test --locked --no-run --test e2e) >/dev/null 2>&1 ||
+    (cd "$ROOT" && cargo test --locked --no-run --test e2e) ||
     fail "building the e2e tests failed"
 CONFIGHASH="$ROOT/target/release/confighash"
 phase "confighash and the e2e tests built"
@@ -254,7 +254,7 @@ done >"$STATE/e2e.env"
 status=0
 # Scenarios that stop, restart or add confighash replicas take a lock beside serve.sh that keeps
 # every other scenario out while they run (tests/e2e/support.rs, Env::controlling).
-cargo test --locked --test 'e2e_*' --test security --test stories --test differential -- "${test_args[@]}" || status=$?
+cargo test --locked --test e2e -- "${test_args[@]}" || status=$?
 phase "e2e scenarios and user stories on the real control plane: exit $status"
 if [ -s "$CONFIGHASH_E2E_STORIES" ]; then
     python3 "$HERE/stories-table.py" "$CONFIGHASH_E2E_STORIES" >"$STATE/user-stories.md"

@@ -4,10 +4,8 @@
 //! small open-file limit, that a flood of the admin port leaves the webhook's accept working.
 //! Every wait polls towards a deadline; none is a fixed sleep.
 
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/process.rs"]
-mod process;
+use crate::ports;
+use crate::process;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;

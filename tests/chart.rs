@@ -30,8 +30,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::{Value, json};
 
-#[path = "common/manifests.rs"]
-mod manifests;
+use crate::manifests;
 
 use manifests::*;
 

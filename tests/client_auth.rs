@@ -5,10 +5,8 @@
 //! connections make a new client wait (the documented limit). Every wait polls towards a
 //! deadline; none is a fixed sleep.
 
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::ports;
+use crate::wait;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -25,8 +25,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::Value;
 
-#[path = "common/manifests.rs"]
-mod manifests;
+use crate::manifests;
 
 use manifests::*;
 

@@ -15,8 +15,7 @@
 //! writes to the workload (by verb and resource), and its `ConfigChanged` recordings. The namespace's deletion is recorded as the phase it shows at once and whether
 //! it is then gone.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,6 @@
 //! End to end: config changes roll exactly the workloads that use them, once.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};

@@ -8,8 +8,7 @@
 //! The usual barrier ([`Env::barrier`]) waits for a sentinel to roll, which nothing does in a dry
 //! run: [`dry_barrier`] waits for the sentinel's `WouldRoll` instead.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

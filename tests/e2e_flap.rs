@@ -7,8 +7,7 @@
 //! runs with the real tier's (scripts/real-tier.sh), which no scenario reaches. The guard's
 //! intervals are tested with the fake clock (src/watcher/state/tests/flap.rs).
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use confighash::watcher::{CONFIG_FLAPPING_REASON, WatcherConfig};
 use support::{Env, Setup};

@@ -10,8 +10,7 @@
 //! `confighash` (operation Update) after a touch, and still `confighash` after the next apply by
 //! the GitOps tool, which does not strip it.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};

@@ -5,8 +5,7 @@
 //! in-process (they inject faults, stop the webhook alone, swap the key or read metrics), so on
 //! a real cluster they are skipped.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -4,8 +4,7 @@
 //!
 //! Needs the in-memory API server (its termination time and admission cache lag are set here).
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,12 +3,8 @@
 //! it bigger). The stand-in's fault run, with the faults only it can make at will (injected 429s
 //! on any request, dropped watches, a webhook outage), is `benches/fault_run.rs`.
 
-#[path = "e2e/real.rs"]
-mod real;
-#[path = "e2e/real_fault_run.rs"]
-mod real_fault_run;
-#[path = "e2e/support.rs"]
-mod support;
+use crate::real_fault_run;
+use crate::support;
 
 use support::{Env, Setup};
 

@@ -19,10 +19,8 @@
 //! The stand-in has its own injected 429s, dropped watches and compactions
 //! (`tests/e2e_lifecycle.rs`, the fault run); these scenarios skip there, and say so.
 
-#[path = "e2e/real.rs"]
-mod real;
-#[path = "e2e/support.rs"]
-mod support;
+use crate::real;
+use crate::support;
 
 use std::time::Duration;
 

@@ -8,8 +8,7 @@
 //! the key Secret is replaced and the outage is the webhook configuration pointed at a closed
 //! port, under [`Env::controlling`]'s lock.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use apiserver::TestWebhook;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;

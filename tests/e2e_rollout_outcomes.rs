@@ -6,8 +6,7 @@
 //! These need the in-memory API server (nobody else may write a Deployment's status on a real
 //! cluster) and are skipped on a real cluster.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::events::v1::Event;

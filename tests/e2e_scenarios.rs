@@ -8,8 +8,7 @@
 //! whose audit log is given ([`Env::counted`]); the cluster without Argo Rollouts runs on one
 //! that serves none.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;

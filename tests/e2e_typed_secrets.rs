@@ -3,8 +3,7 @@
 //! ConfigMap rolls once when the ConfigMap changes: to both, every reference is present, so the
 //! stamp is not frozen.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -12,10 +12,8 @@
 //! Both scenarios start the watcher (and its replicas) in-process and count the stand-in's
 //! requests, so on a real cluster they are skipped.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "e2e/support.rs"]
-mod support;
+use crate::build;
+use crate::support;
 
 use std::collections::BTreeMap;
 

@@ -6,8 +6,7 @@
 //! The faults are injected into the in-memory API server; against a real cluster these
 //! scenarios are skipped.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

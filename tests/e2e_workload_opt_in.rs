@@ -3,8 +3,7 @@
 //! `workload.confighash.dev`) and by the watcher; its unlabelled neighbours are not. Exact
 //! rollout counts, and (in the stand-in) exactly one webhook call per write.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use apiserver::admission::CallResult;
 use k8s_openapi::api::core::v1::Namespace;

@@ -5,8 +5,7 @@
 //! The in-process confighash reads its key from a file; `explain` reads the installation's key
 //! from the key Secret as users run it, so each test writes that Secret with the same bytes.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use clap::Parser;
 use confighash::cli::{Cli, Command};

@@ -3,8 +3,7 @@
 //! live in `fuzz/src/lib.rs` and are compiled in here as a module. Inputs the fuzzers found are
 //! kept below as their own tests.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use std::path::{Path, PathBuf};
 

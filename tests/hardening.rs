@@ -3,10 +3,8 @@
 //! `--max-references`), how reads are shared among reviews, and that the bytes of what it reads
 //! count against the review memory budget.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/harness.rs"]
-mod harness;
+use crate::build;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

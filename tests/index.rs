@@ -1,8 +1,7 @@
 //! The watcher's memory as plain data: the digest store and the workload index, fed objects
 //! without a client.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use build::{Meta, Workload, config_map, deployment, key, secret};
 use confighash::core::checksum::{self, ObjectView, RefState};

@@ -1,10 +1,8 @@
 //! The installation's key from a Secret, against the in-memory API server: creation when absent,
 //! the creation race between replicas, refused content, retries, and reloading by the watch.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::build;
+use crate::wait;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};

@@ -2,10 +2,8 @@
 //! (written as 2 s), a 1 s renew deadline and a 200 ms retry period. Every wait polls towards a
 //! deadline; what must not happen is sampled over its period and fails at once.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::build;
+use crate::wait;
 
 use std::time::{Duration, SystemTime};
 

@@ -5,14 +5,9 @@
 //! Every wait polls towards a deadline; none is a fixed sleep. The server is
 //! `tests/common/harness.rs`'s, the review and `read_to_close` are `tests/common/ports.rs`'s.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/harness.rs"]
-mod harness;
-#[path = "common/ports.rs"]
-mod ports;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::harness;
+use crate::ports;
+use crate::wait;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -1,8 +1,7 @@
 //! The JSONPatch builder: applying its patch to real-looking workloads gives exactly the expected
 //! object, touching nothing but the stamp and the marker.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use confighash::core::patch;
 use confighash::core::workload::WorkloadKind;

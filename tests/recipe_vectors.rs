@@ -2,8 +2,7 @@
 //! change here is a new recipe version, never an edit. v2 is what stamps are made with; v1 stays
 //! computable so stamps of earlier releases can be checked.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use std::collections::{BTreeMap, BTreeSet};
 

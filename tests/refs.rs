@@ -1,8 +1,7 @@
 //! Reference discovery (README, "Workloads and references"): one test per reference path, the
 //! merge rules, the extra-reference annotations, and discovery through every workload kind.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,8 +1,7 @@
 //! The stamp rules of the README's "When a stamp changes", one table row per case, and the upgrade
 //! from recipe v1 as properties over sequences of events.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use build::key;
 use confighash::core::checksum::{self, Recipe, Stamp, StampKey};

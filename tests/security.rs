@@ -4,12 +4,9 @@
 //! references resolve in the workload's own namespace only; the TLS parameters; the size and time
 //! limits of the webhook port; and what the admin port serves.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/harness.rs"]
-mod harness;
-#[path = "e2e/support.rs"]
-mod support;
+use crate::build;
+use crate::harness;
+use crate::support;
 
 use std::io::Write;
 use std::net::SocketAddr;

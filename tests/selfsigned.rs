@@ -1,10 +1,8 @@
 //! `--self-signed-certs` against the in-memory API server: replicas agree on one CA, the caBundle
 //! is published, and renewal and CA rotation never fail a request made with the published bundle.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::build;
+use crate::wait;
 
 use std::sync::Arc;
 use std::time::Duration;

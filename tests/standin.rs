@@ -1,10 +1,8 @@
 //! Tests of the in-memory API server itself, through a real `kube::Client`: the evidence that it
 //! behaves like kube-apiserver where confighash relies on it.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::build;
+use crate::wait;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -9,8 +9,7 @@
 //! scenario does ([`Env::controlling`]). Each records what it measured ([`Env::record_story`]); the real tier turns the records into the
 //! table in `docs/user-stories.md`.
 
-#[path = "e2e/support.rs"]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

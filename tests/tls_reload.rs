@@ -1,8 +1,7 @@
 //! The serving certificate store over real sockets: protocol versions, ALPN, hot reload from a
 //! kubelet-style Secret volume, bad new pairs, and the local CA from `confighash certs`.
 
-#[path = "common/wait.rs"]
-mod wait;
+use crate::wait;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -371,8 +370,7 @@ async fn every_handshake_is_a_full_one() {
 // Reload
 
 #[cfg(unix)]
-#[path = "common/kubelet_volume.rs"]
-mod kubelet_volume;
+use crate::kubelet_volume;
 
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

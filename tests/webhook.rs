@@ -1,12 +1,9 @@
 //! The webhook over real TLS on loopback: an HTTPS client that trusts only the test CA sends
 //! AdmissionReviews; referenced objects are served by the in-memory API server.
 
-#[path = "common/build.rs"]
-mod build;
-#[path = "common/harness.rs"]
-mod harness;
-#[path = "common/wait.rs"]
-mod wait;
+use crate::build;
+use crate::harness;
+use crate::wait;
 
 use std::ops::{Deref, DerefMut};
 use std::time::Duration;

@@ -1,7 +1,6 @@
 //! The workload helper the webhook uses on UPDATE: the old object's stamp and marker.
 
-#[path = "common/build.rs"]
-mod build;
+use crate::build;
 
 use confighash::core::names::{UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
 use confighash::core::workload::{self, WorkloadKind};

@@ -1,5 +1,5 @@
 //! Builders for the objects and requests the tests make again and again, so that a test reads as
-//! its scenario. Include with `#[path = "common/build.rs"] mod build;`.
+//! its scenario. Used as `common::build`.
 //!
 //! - [`KEY`], [`key`]: the installation's HMAC key in tests (the e2e harness's too).
 //! - [`namespace`], [`create_namespace`]: a Namespace with labels, and one created through a client.

@@ -1,5 +1,4 @@
-//! The webhook as the webhook tests set it up. Include with `#[path = "common/harness.rs"] mod
-//! harness;` beside `build.rs` (`mod build;`), which it uses.
+//! The webhook as the webhook tests set it up (`common::harness`; it uses `common::build`).
 //!
 //! - [`Harness`]: the in-memory API server with namespaces, and webhooks that read it with a key.
 //! - [`webhook`], [`NoObjects`]: a webhook over any source; a source in which nothing exists.
@@ -32,7 +31,7 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::build;
+use super::build;
 
 /// How long a TLS handshake may take before the test fails.
 const HANDSHAKE: Duration = Duration::from_secs(10);

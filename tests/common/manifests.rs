@@ -14,8 +14,7 @@
 //!   running the key, leader election, certificate, lookup and watcher code as the
 //!   installation's ServiceAccount against the in-memory API server with that RBAC enforced.
 
-#[path = "wait.rs"]
-mod wait;
+use super::wait;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! `confighash serve` as a process, as `tests/admin_port.rs` and `benches/admin_flood.rs` run
 //! it: against the in-memory API server, both ports on loopback, a serving certificate from a new
 //! test CA, a key file, no leader election, JSON logs, under a given open-file limit.
-//! Include with `#[path = "common/process.rs"] mod process;`.
+//! Used as `common::process`.
 //!
 //! - [`start`]: starts it and waits until it serves; [`Serve`] holds its addresses, its CA, its
 //!   process (open files) and its [`Logs`].

@@ -1,5 +1,5 @@
 //! Waiting without fixed sleeps: every wait polls a check towards a deadline and fails naming
-//! what it waited for. Include with `#[path = "common/wait.rs"] mod wait;`.
+//! what it waited for. Used as `common::wait`.
 //!
 //! - [`eventually`]: polls until a check holds, within [`DEADLINE`]; how long that took.
 //! - [`eventually_within`]: the same within another bound (for waits a test measures).

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::json;
 
-use crate::support::{self, Env};
+use super::support::{self, Env};
 
 /// The user whose request holds the jail's one running request.
 const HOLDER: &str = "confighash-e2e-jail-holder";

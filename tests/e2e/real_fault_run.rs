@@ -41,8 +41,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::real::{self, Jail};
-use crate::support::{self, Env, STAMP};
+use super::real::{self, Jail};
+use super::support::{self, Env, STAMP};
 
 /// The run's namespace (as `Env::ns` maps it) and the one the jail's holder writes in.
 const NS: &str = "fault-real";

@@ -1,0 +1,17 @@
+//! The pure parts: the recipe and its vectors, reference discovery, the stamp rules, patches,
+//! workloads, the watcher's index, YAML 1.1, and the fuzz targets' regressions.
+
+// Fixtures shared by the test crates; each uses some of them.
+#[allow(dead_code)]
+mod common;
+use common::build;
+
+mod fuzz_regressions;
+mod index;
+mod patch;
+mod recipe_props;
+mod recipe_vectors;
+mod refs;
+mod rules;
+mod workload;
+mod yaml11;
