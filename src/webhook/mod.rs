@@ -9,6 +9,7 @@
 //! `crate::offline`, `crate::watcher`.
 
 pub mod admission;
+pub mod budget;
 pub mod held;
 pub mod lookup;
 pub mod pruned;
