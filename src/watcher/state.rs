@@ -423,6 +423,9 @@ pub struct State {
     next_resync: Option<Instant>,
     /// Workloads over `--max-references` whose Warning Event this replica has recorded.
     warned_too_many: HashSet<WorkloadKey>,
+    /// What caused the touch that went last (a changed object, or `None`: reconcile): the next
+    /// touches go round the causes from the one after it.
+    last_cause: Option<Option<ConfigKey>>,
     /// Workloads over `--max-reference-bytes` whose Warning Event this replica has recorded
     /// since they last fitted.
     warned_too_large: HashSet<WorkloadKey>,
@@ -487,6 +490,7 @@ impl State {
             reconciled: false,
             next_resync: None,
             warned_too_many: HashSet::new(),
+            last_cause: None,
             warned_too_large: HashSet::new(),
             started,
             bypassed: HashMap::new(),
@@ -1327,9 +1331,19 @@ impl State {
                     .push_back(key);
             }
         }
+        // The turn goes on from the cause after the one whose touch went last, across ticks:
+        // with one token a tick, starting each round at the first cause in order would serve
+        // that cause alone.
+        let last = self.last_cause.as_ref().map(Option::as_ref);
+        let mut causes: Vec<_> = by_cause.into_iter().collect();
+        let after = causes
+            .iter()
+            .position(|(cause, _)| last.is_some_and(|last| *cause > last))
+            .unwrap_or(0);
+        causes.rotate_left(after);
         let mut due: Vec<WorkloadKey> = Vec::new();
-        while !by_cause.is_empty() {
-            by_cause.retain(|_, keys| match keys.pop_front() {
+        while !causes.is_empty() {
+            causes.retain_mut(|(_, keys)| match keys.pop_front() {
                 Some(key) => {
                     due.push(key.clone());
                     true
@@ -1396,6 +1410,7 @@ impl State {
                             now.saturating_duration_since(seen).as_secs_f64(),
                         );
                     }
+                    self.last_cause = Some(p.changed.iter().next().cloned());
                     self.start_touch(key, expected, p);
                 }
                 Err(wait) => {

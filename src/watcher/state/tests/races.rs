@@ -209,14 +209,17 @@ fn references_that_cannot_be_read_afresh_back_off_like_a_failed_touch() {
     assert_eq!(t.next_wake(), Some(7.1), "retried after retry_base");
 }
 
-#[test]
-fn a_change_of_a_few_workloads_is_not_queued_behind_a_wave() {
+/// A wave of 60 touches of ConfigMap `shared` in `shop` is under way when ConfigMap `lone` in
+/// `lone_ns` (used by one workload) changes: its touch is among the next two, whether its
+/// namespace and name sort before or after the wave's (touches go round the causes across the
+/// bucket's ticks, not from the first cause at each tick).
+fn a_lone_change_during_a_wave(lone_ns: &str, lone: &str) {
     let mut t = Test::leader(WatcherConfig {
         max_touches_per_second: 2.0,
         ..config()
     });
     let shared = config_map(NS, "shared", &[("LOG_LEVEL", "info")]);
-    let other = config_map(NS, "other", &[("LOG_LEVEL", "info")]);
+    let other = config_map(lone_ns, lone, &[("LOG_LEVEL", "info")]);
     for (k, v) in [&shared, &other] {
         t.cluster.insert(k.clone(), v.clone());
     }
@@ -233,30 +236,58 @@ fn a_change_of_a_few_workloads_is_not_queued_behind_a_wave() {
         })
         .collect();
     // Its name sorts after every workload of the wave.
-    let lone = stamped(&t, deployment(NS, "zz-app", &[("configMap", "other")]));
+    let lone_app = stamped(&t, deployment(lone_ns, "zz-app", &[("configMap", lone)]));
     let mut refs: Vec<&W> = wave.iter().collect();
-    refs.push(&lone);
-    t.start(&[(NS, true)], &[shared, other], &refs);
+    refs.push(&lone_app);
+    let namespaces: Vec<(&str, bool)> = if lone_ns == NS {
+        vec![(NS, true)]
+    } else {
+        vec![(NS, true), (lone_ns, true)]
+    };
+    t.start(&namespaces, &[shared, other], &refs);
 
     t.config(1.0, config_map(NS, "shared", &[("LOG_LEVEL", "debug")]));
-    assert_eq!(touches(&t.wake(6.0)).len(), 20, "the bucket's burst");
+    // Every touch takes at once, as the API server would answer it.
+    let answer = |t: &mut Test, now: f64, effects: Vec<Effect>| -> Vec<String> {
+        let mut names = Vec::new();
+        for touch in touches(&effects) {
+            names.push(touch.workload.name.clone());
+            let result = TouchResult::Patched(Some(touch.stamp.clone()));
+            t.feed(now, Input::Touched(touch.workload.clone(), result));
+        }
+        names
+    };
+    let burst = t.wake(6.0);
+    assert_eq!(answer(&mut t, 6.0, burst).len(), 20, "the bucket's burst");
     assert_eq!(
         t.metric("confighash_touch_wave_eta_seconds"),
         20.0,
         "40 touches left at 2 a second"
     );
     // 40 of the wave wait for tokens, 2 a second, when another ConfigMap changes.
-    t.config(6.1, config_map(NS, "other", &[("LOG_LEVEL", "debug")]));
+    t.config(6.1, config_map(lone_ns, lone, &[("LOG_LEVEL", "debug")]));
+    // The wave goes on meanwhile, a token at a time, so none is saved up when the lone
+    // change's window closes (at 11.1).
     let mut sent = Vec::new();
-    let mut now = 11.1;
+    let mut now = 6.1;
     while sent.len() < 3 {
         now = t.next_wake().unwrap().max(now);
-        for touch in touches(&t.wake(now)) {
-            sent.push(touch.workload.name.clone());
+        let effects = t.wake(now);
+        let names = answer(&mut t, now, effects);
+        if now >= 11.1 {
+            sent.extend(names);
         }
     }
     assert!(
         sent[..2].contains(&"zz-app".to_owned()),
         "the lone workload's touch is among the first two after its window: {sent:?}"
     );
+}
+
+#[test]
+fn a_change_of_a_few_workloads_is_not_queued_behind_a_wave() {
+    // Its cause sorts before the wave's, after it, and in a namespace that sorts after.
+    a_lone_change_during_a_wave(NS, "other");
+    a_lone_change_during_a_wave(NS, "zz-other");
+    a_lone_change_during_a_wave("zz-ns", "other");
 }
