@@ -672,6 +672,17 @@ fn thousands(n: u64) -> String {
     out
 }
 
+/// Latencies as "p50 / p99 / max (n=...)", in ms.
+fn p50_p99_max(sorted: &[Duration]) -> String {
+    format!(
+        "{} / {} / {} (n={})",
+        ms(percentile(sorted, 50.0)),
+        ms(percentile(sorted, 99.0)),
+        ms(percentile(sorted, 100.0)),
+        sorted.len()
+    )
+}
+
 fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)
 }
@@ -890,15 +901,7 @@ fn report(figures: &[Figures]) {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for f in figures {
-        let p = |v: &[Duration]| {
-            format!(
-                "{} / {} / {} (n={})",
-                ms(percentile(v, 50.0)),
-                ms(percentile(v, 99.0)),
-                ms(percentile(v, 100.0)),
-                v.len()
-            )
-        };
+        let p = p50_p99_max;
         let ratio = percentile(&f.normal_during, 99.0).as_secs_f64()
             / percentile(&f.normal_before, 99.0).as_secs_f64().max(1e-9);
         let rss_ok = f.hwm.max(f.rss_peak) < TARGET_RSS_KIB;
@@ -1090,15 +1093,7 @@ async fn big_secrets(
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for (limit, gets, f) in &rows {
-        let p = |v: &[Duration]| {
-            format!(
-                "{} / {} / {} (n={})",
-                ms(percentile(v, 50.0)),
-                ms(percentile(v, 99.0)),
-                ms(percentile(v, 100.0)),
-                v.len()
-            )
-        };
+        let p = p50_p99_max;
         println!(
             "| {limit} | {} | {} ({:.0}) | {} | {} | {} / {} | {} | {} | {} | {} |",
             f.n,
