@@ -1247,16 +1247,22 @@ impl State {
         } else {
             None
         };
-        let uid = entry.uid.clone();
-        match lookup {
+        let too_large = match lookup {
             rules::Lookup::TooLarge { bytes } if !entry.opted_out => {
+                Some((bytes, entry.uid.clone()))
+            }
+            _ => None,
+        };
+        match too_large {
+            Some((bytes, uid)) => {
                 if self.warned_too_large.insert(key.clone()) {
                     self.warn_too_large(key, &uid, bytes);
                 }
             }
-            _ => {
+            None if !self.warned_too_large.is_empty() => {
                 self.warned_too_large.remove(key);
             }
+            None => {}
         }
         stamp
     }
