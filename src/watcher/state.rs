@@ -1254,11 +1254,10 @@ impl State {
             _ => None,
         };
         match too_large {
-            Some((bytes, uid)) => {
-                if self.warned_too_large.insert(key.clone()) {
-                    self.warn_too_large(key, &uid, bytes);
-                }
+            Some((bytes, uid)) if self.warned_too_large.insert(key.clone()) => {
+                self.warn_too_large(key, &uid, bytes);
             }
+            Some(_) => {}
             None if !self.warned_too_large.is_empty() => {
                 self.warned_too_large.remove(key);
             }
