@@ -119,6 +119,13 @@ impl FairState {
         }
     }
 
+    fn give_back(&mut self, class: Class) {
+        self.available += 1;
+        if class == Class::Heavy {
+            self.heavy -= 1;
+        }
+    }
+
     /// The next waiting read that may take a place, in turn within its class.
     fn next_waiting(&mut self) -> Option<(Class, oneshot::Sender<FairPermit>)> {
         for (i, class) in [Class::Normal, Class::Heavy].into_iter().enumerate() {
@@ -202,13 +209,10 @@ impl Fair {
     }
 
     fn release(fair: Arc<Fair>, class: Class) {
-        {
-            let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
-            state.available += 1;
-            if class == Class::Heavy {
-                state.heavy -= 1;
-            }
-        }
+        fair.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .give_back(class);
         loop {
             let next = {
                 let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -229,11 +233,10 @@ impl Fair {
                 // That read gave up: its place is given back and goes to the next one.
                 Err(mut permit) => {
                     permit.fair = None;
-                    let mut state = fair.state.lock().unwrap_or_else(|e| e.into_inner());
-                    state.available += 1;
-                    if class == Class::Heavy {
-                        state.heavy -= 1;
-                    }
+                    fair.state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .give_back(class);
                 }
             }
         }
@@ -273,18 +276,7 @@ mod tests {
                 drop(permit);
             }));
             // Let each task queue before the next one starts.
-            while fair
-                .state
-                .lock()
-                .unwrap()
-                .waiting
-                .values()
-                .map(VecDeque::len)
-                .sum::<usize>()
-                < tasks.len()
-            {
-                tokio::task::yield_now().await;
-            }
+            until_waiting(&fair, tasks.len()).await;
         }
         drop(first);
         for t in tasks {
