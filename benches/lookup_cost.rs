@@ -76,6 +76,7 @@ mod mode;
 mod serve;
 
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,9 @@ const ROLE_VAR: &str = "CONFIGHASH_LOOKUP_COST_ROLE";
 const BARE_CERT_VAR: &str = "CONFIGHASH_LOOKUP_COST_BARE_CERT";
 const BARE_KEY_VAR: &str = "CONFIGHASH_LOOKUP_COST_BARE_KEY";
 const BARE_REPLY_VAR: &str = "CONFIGHASH_LOOKUP_COST_BARE_REPLY";
+/// Set for the fair baseline: the responder's address, whose 10 objects the bare server reads
+/// for every review before it answers.
+const BARE_GETS_VAR: &str = "CONFIGHASH_LOOKUP_COST_BARE_GETS";
 /// What a helper prints first on stdout, followed by its address.
 const LISTENING: &str = "LISTENING ";
 /// Where the reply template holds the review's uid.
@@ -117,6 +121,13 @@ const CONNECTIONS: usize = 4;
 /// open-loop p99 under this.
 const TARGET_RATIO: f64 = 2.5;
 const TARGET_P99: Duration = Duration::from_millis(10);
+/// The targets against the fair baseline (the bare server that also reads the 10 objects):
+/// confighash's p50, p99 and CPU per review each at most this many times its.
+const TARGET_FAIR_RATIO: f64 = 1.5;
+/// The servers, by the names the tables use.
+const BARE: &str = "bare";
+const BARE_GETS: &str = "bare+gets";
+const CONFIGHASH: &str = "confighash";
 /// Kinds of failed exchanges told apart in a phase's tally.
 const MAX_FAILURE_KINDS: usize = 20;
 /// How long a helper may take to print its address.
@@ -160,7 +171,7 @@ impl Options {
         let rate: u32 = env_parse("CONFIGHASH_LOOKUP_COST_RATE").unwrap_or(1000);
         let secs: f64 = env_parse("CONFIGHASH_LOOKUP_COST_SECS").unwrap_or(10.0);
         let reviews: u64 = env_parse("CONFIGHASH_LOOKUP_COST_REVIEWS").unwrap_or(5000);
-        let rounds: usize = env_parse("CONFIGHASH_LOOKUP_COST_ROUNDS").unwrap_or(3);
+        let rounds: usize = env_parse("CONFIGHASH_LOOKUP_COST_ROUNDS").unwrap_or(5);
         if rate == 0 || !secs.is_finite() || secs <= 0.0 || reviews == 0 || rounds == 0 {
             eprintln!(
                 "need CONFIGHASH_LOOKUP_COST_RATE, _SECS, _REVIEWS and _ROUNDS greater than 0"
@@ -719,10 +730,15 @@ mod bare {
     use std::sync::Arc;
 
     use axum::body::Bytes;
+    use axum::http::Uri;
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
     use axum::routing::post;
+    use confighash::webhook::lookup::Fetched;
     use confighash::webhook::tls::ALPN_PROTOCOLS;
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
     use hyper_util::server::conn::auto;
     use hyper_util::service::TowerToHyperService;
@@ -730,6 +746,62 @@ mod bare {
     use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     use serde_json::Value;
     use tokio_rustls::TlsAcceptor;
+
+    /// The fair baseline's reads: the fixture's 10 objects from the responder, all at once,
+    /// through hyper's plain pooled client (HTTP/1.1 keep-alive, TCP_NODELAY), each answer's body
+    /// read to its end and its status checked, nothing decoded.
+    struct Gets {
+        client: Client<HttpConnector, Empty<Bytes>>,
+        uris: Vec<Uri>,
+    }
+
+    impl Gets {
+        fn new(addr: &str) -> Result<Self, String> {
+            let uris = super::fixture::objects()
+                .iter()
+                .map(|fetched| {
+                    let (plural, meta) = match fetched {
+                        Fetched::ConfigMap(c) => ("configmaps", &c.metadata),
+                        Fetched::Secret(s) => ("secrets", &s.metadata),
+                        Fetched::Entry(_) => return Err("an object without metadata".to_owned()),
+                    };
+                    let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+                        return Err("an object without a namespace or name".to_owned());
+                    };
+                    format!("http://{addr}/api/v1/namespaces/{ns}/{plural}/{name}")
+                        .parse::<Uri>()
+                        .map_err(|e| e.to_string())
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut http = HttpConnector::new();
+            http.set_nodelay(true);
+            let client = Client::builder(TokioExecutor::new()).build(http);
+            Ok(Gets { client, uris })
+        }
+
+        async fn read_all(&self) -> Result<(), String> {
+            let reads = self.uris.iter().map(|uri| async move {
+                let response = self
+                    .client
+                    .get(uri.clone())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = response.status();
+                let body = response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                if status != StatusCode::OK {
+                    return Err(format!("{uri} answered {status}"));
+                }
+                black_box(body);
+                Ok(())
+            });
+            futures::future::try_join_all(reads).await.map(|_| ())
+        }
+    }
 
     fn read(var: &str) -> Result<Vec<u8>, String> {
         let path = std::env::var_os(var).ok_or_else(|| format!("{var} is not set"))?;
@@ -764,16 +836,26 @@ mod bare {
         config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
         config.send_tls13_tickets = 0;
         let acceptor = TlsAcceptor::from(Arc::new(config));
+        let gets = match std::env::var(super::BARE_GETS_VAR) {
+            Ok(addr) => Some(Arc::new(Gets::new(&addr)?)),
+            Err(_) => None,
+        };
         let (prefix, suffix) = (Bytes::from(prefix), Bytes::from(suffix));
         let router = axum::Router::new().route(
             "/mutate",
             post(move |body: Bytes| {
                 let (prefix, suffix) = (prefix.clone(), suffix.clone());
+                let gets = gets.clone();
                 async move {
                     let review = match serde_json::from_slice::<Value>(&body) {
                         Ok(review) => review,
                         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
                     };
+                    if let Some(gets) = gets
+                        && let Err(e) = gets.read_all().await
+                    {
+                        return (StatusCode::BAD_GATEWAY, e).into_response();
+                    }
                     let Some(uid) = review.pointer("/request/uid").and_then(Value::as_str) else {
                         return (StatusCode::BAD_REQUEST, "no request.uid").into_response();
                     };
@@ -860,7 +942,7 @@ impl Drop for Helper {
 impl Helper {
     /// Starts `role` with `envs`, its stderr into `log`, and waits (within
     /// [`HELPER_READY_WITHIN`]) for the address it listens on.
-    fn start(role: &str, envs: &[(&str, &Path)], log: &Path) -> Result<Self, String> {
+    fn start(role: &str, envs: &[(&str, &OsStr)], log: &Path) -> Result<Self, String> {
         let exe = std::env::current_exe().map_err(|e| format!("this executable: {e}"))?;
         let mut command = Command::new(exe);
         command
@@ -1514,18 +1596,25 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
     );
     let reply_path = files.dir.join("bare-reply.json");
     std::fs::write(&reply_path, &template).map_err(|e| e.to_string())?;
-    let bare = Helper::start(
-        "bare",
-        &[
-            (BARE_CERT_VAR, files.cert.as_path()),
-            (BARE_KEY_VAR, files.key.as_path()),
-            (BARE_REPLY_VAR, reply_path.as_path()),
-        ],
-        &logs.path().join("bare.log"),
-    )?;
+    let bare_files = [
+        (BARE_CERT_VAR, files.cert.as_os_str()),
+        (BARE_KEY_VAR, files.key.as_os_str()),
+        (BARE_REPLY_VAR, reply_path.as_os_str()),
+    ];
+    let bare = Helper::start("bare", &bare_files, &logs.path().join("bare.log"))?;
+    let responder_addr = responder.addr.to_string();
+    let mut gets_env = bare_files.to_vec();
+    gets_env.push((BARE_GETS_VAR, OsStr::new(&responder_addr)));
+    let bare_gets = Helper::start("bare", &gets_env, &logs.path().join("bare-gets.log"))?;
     let serve = Serve::start(&binary, &files, &options.serve_args, "lookup-cost").await?;
     let startup = responder_requests(responder.addr).await;
-    let ours = [responder.pid, bare.pid, serve.pid, std::process::id()];
+    let ours = [
+        responder.pid,
+        bare.pid,
+        bare_gets.pid,
+        serve.pid,
+        std::process::id(),
+    ];
 
     println!(
         "lookup_cost{}: binary {} ({how}; modified {})",
@@ -1548,13 +1637,15 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
         serve::load_average()
     );
     println!(
-        "processes: responder pid {} on {}, bare pid {} on {}, serve pid {} on {} (admin {}); \
-         serve arguments: --listen, --admin-listen, --tls-cert, --tls-key, --key-file, \
-         --leader-elect false{}",
+        "processes: responder pid {} on {}, bare pid {} on {}, bare+gets pid {} on {}, serve \
+         pid {} on {} (admin {}); serve arguments: --listen, --admin-listen, --tls-cert, \
+         --tls-key, --key-file, --leader-elect false{}",
         responder.pid,
         responder.addr,
         bare.pid,
         bare.addr,
+        bare_gets.pid,
+        bare_gets.addr,
         serve.pid,
         serve.webhook,
         serve.admin,
@@ -1577,27 +1668,27 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
                 .collect(),
         )
     };
-    let (bare_url, bare_clients) = connect(bare.addr.port());
-    let (serve_url, serve_clients) = connect(serve.webhook.port());
+    let target = |name, pid, addr: SocketAddr, reads: bool| {
+        let (url, clients) = connect(addr.port());
+        Target {
+            name,
+            pid,
+            url,
+            clients,
+            responder: reads.then_some((responder.pid, responder.addr)),
+        }
+    };
     let targets = [
-        Target {
-            name: "bare",
-            pid: bare.pid,
-            url: bare_url,
-            clients: bare_clients,
-            responder: None,
-        },
-        Target {
-            name: "confighash",
-            pid: serve.pid,
-            url: serve_url,
-            clients: serve_clients,
-            responder: Some((responder.pid, responder.addr)),
-        },
+        target(BARE, bare.pid, bare.addr, false),
+        target(BARE_GETS, bare_gets.pid, bare_gets.addr, true),
+        target(CONFIGHASH, serve.pid, serve.webhook, true),
     ];
 
     // Checks: the protocol, one review each, its GETs.
-    for (target, addr) in targets.iter().zip([bare.addr, serve.webhook]) {
+    for (target, addr) in targets
+        .iter()
+        .zip([bare.addr, bare_gets.addr, serve.webhook])
+    {
         let alpn = negotiated_alpn(addr, &ca.pem).await?;
         if alpn != "h2" {
             failures.push(format!("{} negotiated {alpn}, not h2", target.name));
@@ -1697,9 +1788,11 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
     let (log_lines, log_warnings) = serve.log_counts();
     drop(serve);
     drop(bare);
+    drop(bare_gets);
     drop(responder);
 
     report(mode, &options, &closed, &open);
+    report_fair(mode, &options, &closed, &open);
     println!();
     let failed: Vec<String> = closed
         .iter()
@@ -1806,12 +1899,12 @@ async fn run(mode: Mode, options: Options) -> Result<Failures, String> {
                     phase.tally.first_failure.as_deref().unwrap_or("?")
                 ));
             }
-            if phase.server == "confighash"
-                && phase.gets != fixture::REFERENCES as u64 * phase.tally.all()
+            if phase.server != BARE && phase.gets != fixture::REFERENCES as u64 * phase.tally.all()
             {
                 failures.push(format!(
-                    "round {} {kind}: {} GETs for {} reviews, not {} each",
+                    "round {} {kind} {}: {} GETs for {} reviews, not {} each",
                     phase.round,
+                    phase.server,
                     phase.gets,
                     phase.tally.all(),
                     fixture::REFERENCES
@@ -1852,12 +1945,12 @@ fn report(mode: Mode, options: &Options, closed: &[Phase], open: &[Phase]) {
             p.elapsed.as_secs_f64(),
             p.answered as f64 / p.elapsed.as_secs_f64(),
             cpu(p, p.server_cpu),
-            if p.server == "confighash" {
+            if p.server != BARE {
                 cpu(p, p.responder_cpu)
             } else {
                 "-".to_owned()
             },
-            if p.server == "confighash" {
+            if p.server != BARE {
                 format!("{:.2}", p.gets_per_review())
             } else {
                 "-".to_owned()
@@ -1898,12 +1991,12 @@ fn report(mode: Mode, options: &Options, closed: &[Phase], open: &[Phase]) {
             ms(p.p(100.0)),
             ms(lag),
             cpu(p, p.server_cpu),
-            if p.server == "confighash" {
+            if p.server != BARE {
                 cpu(p, p.responder_cpu)
             } else {
                 "-".to_owned()
             },
-            if p.server == "confighash" {
+            if p.server != BARE {
                 format!("{:.2}", p.gets_per_review())
             } else {
                 "-".to_owned()
@@ -1948,7 +2041,7 @@ fn report(mode: Mode, options: &Options, closed: &[Phase], open: &[Phase]) {
     let p99 = medians[8];
     let open_failed: u64 = open
         .iter()
-        .filter(|p| p.server == "confighash")
+        .filter(|p| p.server == CONFIGHASH)
         .map(|p| p.tally.failed + p.tally.unanswered + p.tally.wrong)
         .sum();
     println!(
@@ -1977,8 +2070,117 @@ fn report(mode: Mode, options: &Options, closed: &[Phase], open: &[Phase]) {
 
 /// Round `round`'s bare and confighash phases.
 fn pair(phases: &[Phase], round: usize) -> Option<(&Phase, &Phase)> {
+    pair_of(phases, round, BARE)
+}
+
+/// Round `round`'s phases of `baseline` and of confighash.
+fn pair_of<'a>(
+    phases: &'a [Phase],
+    round: usize,
+    baseline: &str,
+) -> Option<(&'a Phase, &'a Phase)> {
     let find = |name: &str| phases.iter().find(|p| p.round == round && p.server == name);
-    Some((find("bare")?, find("confighash")?))
+    Some((find(baseline)?, find(CONFIGHASH)?))
+}
+
+/// confighash against the fair baseline, per round and the medians: CPU per review in the
+/// closed and the open loops, the open loops' p50 and p99, each baseline / confighash / ratio;
+/// the verdict on each against [`TARGET_FAIR_RATIO`].
+fn report_fair(mode: Mode, options: &Options, closed: &[Phase], open: &[Phase]) {
+    println!();
+    println!(
+        "confighash / {BARE_GETS}, the fair baseline: the bare server that also reads the 10 \
+         objects from the same responder, all at once, through hyper's pooled client"
+    );
+    println!(
+        "| round | closed CPU ms/review: {BARE_GETS} / confighash | **ratio** | open CPU ms/review | \
+         **ratio** | open p50 ms | **ratio** | open p99 ms | **ratio** |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut ratios: [Vec<f64>; 4] = Default::default();
+    let mut values: [Vec<f64>; 8] = Default::default();
+    for round in 1..=options.rounds {
+        let (Some((cb, cc)), Some((ob, oc))) = (
+            pair_of(closed, round, BARE_GETS),
+            pair_of(open, round, BARE_GETS),
+        ) else {
+            continue;
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let row = [
+            cb.server_ms(),
+            cc.server_ms(),
+            ob.server_ms(),
+            oc.server_ms(),
+            ms(ob.p(50.0)),
+            ms(oc.p(50.0)),
+            ms(ob.p(99.0)),
+            ms(oc.p(99.0)),
+        ];
+        for (column, v) in values.iter_mut().zip(row) {
+            column.push(v);
+        }
+        for (i, column) in ratios.iter_mut().enumerate() {
+            column.push(row[2 * i + 1] / row[2 * i]);
+        }
+        println!("{}", fair_row(&round.to_string(), &row));
+    }
+    let medians =
+        |columns: &[Vec<f64>]| -> Vec<f64> { columns.iter().map(|c| median(c.clone())).collect() };
+    let (value_medians, ratio_medians) = (medians(&values), medians(&ratios));
+    if let Ok(row) = <[f64; 8]>::try_from(value_medians) {
+        println!("{}", fair_row("median of the values", &row));
+    }
+    println!(
+        "| median of the ratios | | **{:.2}x** | | **{:.2}x** | | **{:.2}x** | | **{:.2}x** |",
+        ratio_medians[0], ratio_medians[1], ratio_medians[2], ratio_medians[3]
+    );
+    println!();
+    let verdict = |r: f64| match mode {
+        Mode::Smoke => "not judged (smoke run: debug builds)",
+        Mode::Full if r <= TARGET_FAIR_RATIO => "met",
+        Mode::Full => "NOT met",
+    };
+    for (i, what) in [
+        "CPU per review, closed loop",
+        "CPU per review, open loop",
+        "open-loop p50",
+        "open-loop p99",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!(
+            "RESULT: confighash / {BARE_GETS}, {what}: median {:.2}x (rounds {}); target ≤ \
+             {TARGET_FAIR_RATIO}x: {}",
+            ratio_medians[i],
+            ratios[i]
+                .iter()
+                .map(|r| format!("{r:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            verdict(ratio_medians[i])
+        );
+    }
+}
+
+fn fair_row(label: &str, v: &[f64; 8]) -> String {
+    format!(
+        "| {label} | {:.3} / {:.3} | **{:.2}x** | {:.3} / {:.3} | **{:.2}x** | {:.2} / {:.2} | \
+         **{:.2}x** | {:.2} / {:.2} | **{:.2}x** |",
+        v[0],
+        v[1],
+        v[1] / v[0],
+        v[2],
+        v[3],
+        v[3] / v[2],
+        v[4],
+        v[5],
+        v[5] / v[4],
+        v[6],
+        v[7],
+        v[7] / v[6]
+    )
 }
 
 fn ratio_row(label: &str, v: &[f64; 9]) -> String {
@@ -1993,7 +2195,7 @@ fn main() {
     if let Ok(role) = std::env::var(ROLE_VAR) {
         let result = match role.as_str() {
             "responder" => responder::main(),
-            "bare" => bare::main(),
+            BARE => bare::main(),
             other => Err(format!("unknown role {other:?}")),
         };
         if let Err(e) = result {
