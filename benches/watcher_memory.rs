@@ -55,7 +55,8 @@ use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
 use futures::StreamExt;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::CronJob;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
@@ -76,32 +77,90 @@ const KUBECONFIG_URL: &str = "kubeconfig:";
 /// The Secret page size of a `watcher` child (absent: `watcher::SECRET_PAGE_SIZE`).
 const SECRET_PAGE_ENV: &str = "CONFIGHASH_BENCH_SECRET_PAGE";
 
-/// Full-scale counts.
-const SECRETS: usize = 10_000;
-const CONFIG_MAPS: usize = 5_000;
-const DEPLOYMENTS: usize = 2_000;
-const NAMESPACES: usize = 20;
-/// Helm release records, spread over every namespace as the other objects are.
-const HELM_RELEASES: usize = 1_000;
-/// The size of the one key of a release record, `release`: base64 text (of the gzipped release,
-/// in Helm).
-const HELM_RELEASE_KIB: usize = 500;
-/// 4 keys of 16 KiB: 64 KiB of data per Secret.
-const SECRET_KEYS: usize = 4;
-const SECRET_KEY_BYTES: usize = 16 * 1024;
-/// 2 keys of 8 KiB: 16 KiB of data per ConfigMap.
-const CM_KEYS: usize = 2;
-const CM_KEY_BYTES: usize = 8 * 1024;
+/// What a population holds at full scale, and the targets for it.
+#[derive(Debug)]
+struct Shape {
+    name: &'static str,
+    namespaces: usize,
+    /// Opaque Secrets of `secret_keys` keys of `secret_key_bytes`.
+    secrets: usize,
+    secret_keys: usize,
+    secret_key_bytes: usize,
+    /// ServiceAccount token Secrets (type `kubernetes.io/service-account-token`).
+    tokens: usize,
+    /// Helm release records, spread over every namespace as the other objects are, unless
+    /// `CONFIGHASH_BENCH_HELM_RELEASES` says otherwise; the size of the one key of each,
+    /// `release` (base64 text of the gzipped release, in Helm), unless
+    /// `CONFIGHASH_BENCH_HELM_RELEASE_KIB` says otherwise.
+    helm_releases: usize,
+    helm_release_kib: usize,
+    /// ConfigMaps of `cm_keys` keys of `cm_key_bytes`.
+    config_maps: usize,
+    cm_keys: usize,
+    cm_key_bytes: usize,
+    deployments: usize,
+    /// Of each other workload kind: StatefulSets, DaemonSets and CronJobs.
+    other_workloads: usize,
+    target_steady_kib: u64,
+    target_peak_kib: u64,
+    target_sync_ratio: f64,
+}
+
+/// The mid-size cluster of the figures recorded first: 10,000 Secrets of 64 KiB, 1,000 Helm
+/// release records of 500 KiB, 5,000 ConfigMaps of 16 KiB, 2,000 Deployments, 20 namespaces.
+const MID: Shape = Shape {
+    name: "mid",
+    namespaces: 20,
+    secrets: 10_000,
+    secret_keys: 4,
+    secret_key_bytes: 16 * 1024,
+    tokens: 0,
+    helm_releases: 1_000,
+    helm_release_kib: 500,
+    config_maps: 5_000,
+    cm_keys: 2,
+    cm_key_bytes: 8 * 1024,
+    deployments: 2_000,
+    other_workloads: 0,
+    target_steady_kib: 32 * 1024,
+    target_peak_kib: 96 * 1024,
+    target_sync_ratio: 1.5,
+};
+
+/// A big cluster (`CONFIGHASH_BENCH_POPULATION=big`): 100,000 Secrets of 4 KiB, a tenth of them
+/// typed (5,000 ServiceAccount tokens, 5,000 Helm release records), 50,000 ConfigMaps of 2 KiB,
+/// 20,000 workloads of every kind confighash stamps (14,000 Deployments, 2,000 each of
+/// StatefulSets, DaemonSets and CronJobs), over 500 namespaces.
+const BIG: Shape = Shape {
+    name: "big",
+    namespaces: 500,
+    secrets: 90_000,
+    secret_keys: 2,
+    secret_key_bytes: 2 * 1024,
+    tokens: 5_000,
+    helm_releases: 5_000,
+    helm_release_kib: 4,
+    config_maps: 50_000,
+    cm_keys: 2,
+    cm_key_bytes: 1024,
+    deployments: 14_000,
+    other_workloads: 2_000,
+    target_steady_kib: 64 * 1024,
+    target_peak_kib: 160 * 1024,
+    target_sync_ratio: 1.2,
+};
+
+/// The kinds of workload besides Deployments that confighash stamps, in the order they are
+/// generated (Argo Rollouts, a custom resource, are left out: neither API server here serves
+/// them unless installed).
+const OTHER_KINDS: [&str; 3] = ["StatefulSet", "DaemonSet", "CronJob"];
 /// Requests in flight while loading.
 const LOAD_CONCURRENCY: usize = 16;
 /// kube-runtime's default `watcher::Config` page size, used for the bare list.
 const LIST_PAGE: u32 = 500;
 
-/// Targets.
-const TARGET_STEADY_KIB: u64 = 32 * 1024;
-const TARGET_PEAK_KIB: u64 = 96 * 1024;
+/// The memory target against the reflectors, for every population.
 const TARGET_RATIO: f64 = 0.1;
-const TARGET_SYNC_RATIO: f64 = 1.5;
 
 const KEY: &[u8] = b"bench-key-0123456789abcdef-0123456789";
 
@@ -121,24 +180,29 @@ fn main() {
 
 #[derive(Debug, Clone, Copy)]
 struct Scale {
+    shape: &'static Shape,
     fraction: f64,
     secrets_per_ns: usize,
+    tokens_per_ns: usize,
     /// Helm release records at full scale, as `CONFIGHASH_BENCH_HELM_RELEASES` says.
     helm_full_scale: usize,
     helm_per_ns: usize,
     helm_release_bytes: usize,
     cms_per_ns: usize,
     deploys_per_ns: usize,
+    /// Of each of [`OTHER_KINDS`].
+    others_per_ns: usize,
 }
 
 impl Scale {
     fn from_env() -> Scale {
-        Scale::from_env_with(HELM_RELEASES)
+        Scale::from_env_with(shape_from_env().helm_releases)
     }
 
     /// As [`Scale::from_env`], with `helm_default` Helm release records at full scale unless
     /// `CONFIGHASH_BENCH_HELM_RELEASES` says otherwise.
     fn from_env_with(helm_default: usize) -> Scale {
+        let shape = shape_from_env();
         let quick =
             std::env::var("CONFIGHASH_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
         let fraction = std::env::var("CONFIGHASH_BENCH_SCALE")
@@ -147,51 +211,98 @@ impl Scale {
             .filter(|f| *f > 0.0 && *f <= 1.0)
             .unwrap_or(if quick { 0.05 } else { 1.0 });
         let helm = env_u64("CONFIGHASH_BENCH_HELM_RELEASES", helm_default as u64) as usize;
-        let kib = env_u64("CONFIGHASH_BENCH_HELM_RELEASE_KIB", HELM_RELEASE_KIB as u64);
+        let kib = env_u64(
+            "CONFIGHASH_BENCH_HELM_RELEASE_KIB",
+            shape.helm_release_kib as u64,
+        );
         Scale {
             helm_release_bytes: kib.clamp(1, 1024) as usize * 1024,
-            ..Scale::from_fraction(fraction, helm)
+            ..Scale::from_fraction(shape, fraction, helm)
         }
     }
 
-    fn from_fraction(fraction: f64, helm_releases: usize) -> Scale {
-        let per_ns =
-            |total: usize| ((total as f64 * fraction / NAMESPACES as f64).round() as usize).max(1);
+    fn from_fraction(shape: &'static Shape, fraction: f64, helm_releases: usize) -> Scale {
+        let per_ns = |total: usize| {
+            ((total as f64 * fraction / shape.namespaces as f64).round() as usize).max(1)
+        };
+        let per_ns_or_none = |total: usize| if total == 0 { 0 } else { per_ns(total) };
         Scale {
+            shape,
             fraction,
-            secrets_per_ns: per_ns(SECRETS),
+            secrets_per_ns: per_ns(shape.secrets),
+            tokens_per_ns: per_ns_or_none(shape.tokens),
             helm_full_scale: helm_releases,
-            helm_per_ns: if helm_releases == 0 {
-                0
-            } else {
-                per_ns(helm_releases)
-            },
-            helm_release_bytes: HELM_RELEASE_KIB * 1024,
-            cms_per_ns: per_ns(CONFIG_MAPS),
-            deploys_per_ns: per_ns(DEPLOYMENTS),
+            helm_per_ns: per_ns_or_none(helm_releases),
+            helm_release_bytes: shape.helm_release_kib * 1024,
+            cms_per_ns: per_ns(shape.config_maps),
+            deploys_per_ns: per_ns(shape.deployments),
+            others_per_ns: per_ns_or_none(shape.other_workloads),
         }
     }
 
-    /// Without `--bench`: one object of each kind per namespace.
+    /// Without `--bench`: one object of each kind per namespace, of the mid-size shape with one
+    /// of each other workload kind too.
     fn smoke() -> Scale {
-        Scale::from_fraction(0.0001, HELM_RELEASES)
+        Scale {
+            others_per_ns: 1,
+            tokens_per_ns: 1,
+            ..Scale::from_fraction(&MID, 0.0001, MID.helm_releases)
+        }
+    }
+
+    fn namespaces(&self) -> usize {
+        self.shape.namespaces
     }
 
     /// Opaque Secrets.
     fn secrets(&self) -> usize {
-        self.secrets_per_ns * NAMESPACES
+        self.secrets_per_ns * self.namespaces()
+    }
+
+    fn tokens(&self) -> usize {
+        self.tokens_per_ns * self.namespaces()
     }
 
     fn helm_releases(&self) -> usize {
-        self.helm_per_ns * NAMESPACES
+        self.helm_per_ns * self.namespaces()
     }
 
     fn cms(&self) -> usize {
-        self.cms_per_ns * NAMESPACES
+        self.cms_per_ns * self.namespaces()
     }
 
     fn deploys(&self) -> usize {
-        self.deploys_per_ns * NAMESPACES
+        self.deploys_per_ns * self.namespaces()
+    }
+
+    /// Of each of [`OTHER_KINDS`].
+    fn others(&self) -> usize {
+        self.others_per_ns * self.namespaces()
+    }
+
+    /// Every kind's count, as the list and the reflectors report theirs.
+    fn loaded(&self) -> Value {
+        let mut loaded = json!({
+            "Secret": self.secrets() + self.tokens() + self.helm_releases(),
+            "ConfigMap": self.cms(),
+            "Deployment": self.deploys(),
+        });
+        for kind in OTHER_KINDS {
+            loaded[kind] = json!(self.others());
+        }
+        loaded
+    }
+}
+
+/// `CONFIGHASH_BENCH_POPULATION`: `mid` (the default) or `big`.
+fn shape_from_env() -> &'static Shape {
+    match std::env::var("CONFIGHASH_BENCH_POPULATION").as_deref() {
+        Ok("big") => &BIG,
+        Ok("mid") | Ok("") | Err(_) => &MID,
+        Ok(other) => {
+            eprintln!("CONFIGHASH_BENCH_POPULATION={other:?}: use mid or big");
+            std::process::exit(2);
+        }
     }
 }
 
@@ -254,16 +365,49 @@ fn meta(name: String) -> ObjectMeta {
     }
 }
 
-fn secret(ns: usize, k: usize) -> Secret {
+fn secret(scale: &Scale, ns: usize, k: usize) -> Secret {
     let mut fill = Filler::new(((ns as u64) << 32) | k as u64);
+    let shape = scale.shape;
     Secret {
         metadata: meta(format!("secret-{k}")),
         type_: Some("Opaque".to_owned()),
         data: Some(
-            (0..SECRET_KEYS)
-                .map(|i| (format!("key-{i}"), ByteString(fill.bytes(SECRET_KEY_BYTES))))
+            (0..shape.secret_keys)
+                .map(|i| {
+                    (
+                        format!("key-{i}"),
+                        ByteString(fill.bytes(shape.secret_key_bytes)),
+                    )
+                })
                 .collect(),
         ),
+        ..Default::default()
+    }
+}
+
+/// ServiceAccount token `k` of a namespace, as the token controller fills them: about 4 KiB of
+/// `ca.crt`, `namespace` and `token`, for the namespace's `default` ServiceAccount.
+fn token(ns: usize, k: usize) -> Secret {
+    let mut fill = Filler::new((3 << 60) | ((ns as u64) << 32) | k as u64);
+    let mut metadata = meta(format!("token-{k}"));
+    metadata.annotations = Some(BTreeMap::from([(
+        "kubernetes.io/service-account.name".to_owned(),
+        "default".to_owned(),
+    )]));
+    Secret {
+        metadata,
+        type_: Some("kubernetes.io/service-account-token".to_owned()),
+        data: Some(BTreeMap::from([
+            (
+                "ca.crt".to_owned(),
+                ByteString(fill.text(2600).into_bytes()),
+            ),
+            (
+                "namespace".to_owned(),
+                ByteString(namespace_name(ns).into_bytes()),
+            ),
+            ("token".to_owned(), ByteString(fill.text(1400).into_bytes())),
+        ])),
         ..Default::default()
     }
 }
@@ -297,52 +441,58 @@ fn helm_release(scale: &Scale, ns: usize, k: usize) -> Secret {
     }
 }
 
-fn config_map(ns: usize, k: usize) -> ConfigMap {
+fn config_map(scale: &Scale, ns: usize, k: usize) -> ConfigMap {
     let mut fill = Filler::new((1 << 62) | ((ns as u64) << 32) | k as u64);
+    let shape = scale.shape;
     ConfigMap {
         metadata: meta(format!("cm-{k}")),
         data: Some(
-            (0..CM_KEYS)
-                .map(|i| (format!("file-{i}.conf"), fill.text(CM_KEY_BYTES)))
+            (0..shape.cm_keys)
+                .map(|i| (format!("file-{i}.conf"), fill.text(shape.cm_key_bytes)))
                 .collect(),
         ),
         ..Default::default()
     }
 }
 
-/// Deployment `k` of a namespace references two ConfigMaps (envFrom, volume) and two Secrets
-/// (envFrom, one key) of its namespace. It carries the status its controller writes once rolled
-/// out (the stand-in keeps it), so the watcher reads where its rollout stands as in a cluster.
-fn deployment(scale: &Scale, k: usize) -> Deployment {
+/// The pod template of workload `k` of a namespace named `name`: it references two ConfigMaps
+/// (envFrom, volume) and two Secrets (envFrom, one key) of its namespace.
+fn pod_template(scale: &Scale, k: usize, name: &str) -> Value {
     let cm_a = format!("cm-{}", (2 * k) % scale.cms_per_ns);
     let cm_b = format!("cm-{}", (2 * k + 1) % scale.cms_per_ns);
     let secret_a = format!("secret-{}", (5 * k) % scale.secrets_per_ns);
     let secret_b = format!("secret-{}", (5 * k + 1) % scale.secrets_per_ns);
+    json!({
+        "metadata": {"labels": {"app": name}},
+        "spec": {
+            "containers": [{
+                "name": "app",
+                "image": "registry.example/app:1.2.3",
+                "args": ["--config", "/etc/app/file-0.conf"],
+                "ports": [{"containerPort": 8080, "name": "http"}],
+                "envFrom": [{"configMapRef": {"name": cm_a}}, {"secretRef": {"name": secret_a}}],
+                "env": [
+                    {"name": "LOG_LEVEL", "value": "info"},
+                    {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": secret_b, "key": "key-0"}}}
+                ],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]
+            }],
+            "volumes": [{"name": "config", "configMap": {"name": cm_b}}]
+        }
+    })
+}
+
+/// Deployment `k` of a namespace. It carries the status its controller writes once rolled out
+/// (the stand-in keeps it), so the watcher reads where its rollout stands as in a cluster.
+fn deployment(scale: &Scale, k: usize) -> Deployment {
     let name = format!("app-{k}");
     let v: Value = json!({
         "metadata": {"name": name, "labels": {"app": name}},
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "containers": [{
-                        "name": "app",
-                        "image": "registry.example/app:1.2.3",
-                        "args": ["--config", "/etc/app/file-0.conf"],
-                        "ports": [{"containerPort": 8080, "name": "http"}],
-                        "envFrom": [{"configMapRef": {"name": cm_a}}, {"secretRef": {"name": secret_a}}],
-                        "env": [
-                            {"name": "LOG_LEVEL", "value": "info"},
-                            {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": secret_b, "key": "key-0"}}}
-                        ],
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
-                        "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]
-                    }],
-                    "volumes": [{"name": "config", "configMap": {"name": cm_b}}]
-                }
-            }
+            "template": pod_template(scale, k, &name)
         },
         "status": {
             "observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
@@ -360,6 +510,42 @@ fn deployment(scale: &Scale, k: usize) -> Deployment {
         }
     });
     serde_json::from_value(v).expect("a valid Deployment")
+}
+
+/// Workload `k` of one of [`OTHER_KINDS`] in a namespace, made so that a real cluster runs no
+/// pod for it: no replicas, a node selector no node has, suspended.
+fn other_workload(scale: &Scale, kind: &str, k: usize) -> Value {
+    let name = format!("{}-{k}", kind.to_ascii_lowercase());
+    // Its references: the Deployments' pattern, continued past them kind after kind.
+    let position = OTHER_KINDS.iter().position(|o| *o == kind).unwrap_or(0);
+    let shift = scale.deploys_per_ns + position * scale.others_per_ns + k;
+    let mut template = pod_template(scale, shift, &name);
+    let selector = json!({"matchLabels": {"app": name}});
+    let spec = match kind {
+        "StatefulSet" => json!({
+            "replicas": 0, "serviceName": name, "selector": selector, "template": template
+        }),
+        "DaemonSet" => {
+            template["spec"]["nodeSelector"] = json!({"confighash.dev/bench-no-node": "true"});
+            json!({"selector": selector, "template": template})
+        }
+        _ => {
+            template["spec"]["restartPolicy"] = json!("Never");
+            json!({"schedule": "17 3 * * *", "suspend": true,
+                "jobTemplate": {"spec": {"template": template}}})
+        }
+    };
+    let api_version = if kind == "CronJob" {
+        "batch/v1"
+    } else {
+        "apps/v1"
+    };
+    json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": spec
+    })
 }
 
 // ----- parent -----
@@ -433,24 +619,36 @@ fn parent(mode: Mode) {
         Mode::Smoke => None,
     };
     let (scale, rounds, steady) = match mode {
-        // A real cluster gets the issue's population: no Helm release records unless asked.
+        // A real cluster gets the mid-size population without Helm release records unless
+        // asked (their issue's); the big one keeps its small records.
         Mode::Full => (
-            Scale::from_env_with(if real.is_some() { 0 } else { HELM_RELEASES }),
+            Scale::from_env_with(match shape_from_env() {
+                shape if real.is_some() && shape.name == MID.name => 0,
+                shape => shape.helm_releases,
+            }),
             env_u64("CONFIGHASH_BENCH_ROUNDS", 3).clamp(1, 10),
             env_u64("CONFIGHASH_BENCH_STEADY_SECS", 5).clamp(1, 60),
         ),
         Mode::Smoke => (Scale::smoke(), 1, 1),
     };
+    let shape = scale.shape;
     println!(
-        "watcher_memory: scale {} ({} Secrets x 64 KiB, {} Helm release records x {} KiB, \
-         {} ConfigMaps x 16 KiB, {} Deployments, {NAMESPACES} namespaces, half opted in), \
-         {rounds} rounds, {steady} s steady state",
+        "watcher_memory: population {}, scale {} ({} Secrets x {} KiB, {} ServiceAccount tokens \
+         x 4 KiB, {} Helm release records x {} KiB, {} ConfigMaps x {} KiB, {} Deployments, {} \
+         each of {}, {} namespaces, half opted in), {rounds} rounds, {steady} s steady state",
+        shape.name,
         scale.fraction,
         scale.secrets(),
+        shape.secret_keys * shape.secret_key_bytes / 1024,
+        scale.tokens(),
         scale.helm_releases(),
         scale.helm_release_bytes / 1024,
         scale.cms(),
-        scale.deploys()
+        shape.cm_keys * shape.cm_key_bytes / 1024,
+        scale.deploys(),
+        scale.others(),
+        OTHER_KINDS.join(", "),
+        scale.namespaces()
     );
     if scale.fraction < 1.0 {
         println!("NOTE: not full scale; figures are not the recorded ones");
@@ -608,20 +806,16 @@ fn smoke_check(scale: &Scale, list: &[Reading], ours: &[Reading], refl: &[Readin
             ));
         }
     }
-    let loaded = json!({
-        "Secret": scale.secrets() + scale.helm_releases(),
-        "ConfigMap": scale.cms(),
-        "Deployment": scale.deploys(),
-    });
+    let loaded = scale.loaded();
     if list[0].detail["listed"] != loaded || refl[0].detail["stored"] != loaded {
         failures.push(format!(
             "loaded {loaded}, listed {}, stored by the reflectors {}",
             list[0].detail["listed"], refl[0].detail["stored"]
         ));
     }
-    // Every Secret of the opted-in namespaces (the even ones), Helm's records included.
-    let opted_in = NAMESPACES.div_ceil(2);
-    let secrets = (scale.secrets_per_ns + scale.helm_per_ns) * opted_in;
+    // Every Secret of the opted-in namespaces (the even ones), typed ones included.
+    let opted_in = scale.namespaces().div_ceil(2);
+    let secrets = (scale.secrets_per_ns + scale.tokens_per_ns + scale.helm_per_ns) * opted_in;
     let watched = &ours[0].detail["watched"];
     if watched["Secret"] != json!(secrets)
         || watched["ConfigMap"] != json!(scale.cms_per_ns * opted_in)
@@ -690,6 +884,7 @@ fn report(
             rounds(rs, hwm)
         );
     };
+    let shape = scale.shape;
     let fmt = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{x:.3}"))
@@ -699,12 +894,16 @@ fn report(
 
     println!();
     println!(
-        "== watcher_memory, scale {} ({} Secrets, {} Helm release records, {} ConfigMaps, {} Deployments), medians of {} rounds, steady state {steady} s ==",
+        "== watcher_memory, population {}, scale {} ({} Secrets, {} ServiceAccount tokens, {} Helm release records, {} ConfigMaps, {} Deployments, {} each of {}), medians of {} rounds, steady state {steady} s ==",
+        scale.shape.name,
         scale.fraction,
         scale.secrets(),
+        scale.tokens(),
         scale.helm_releases(),
         scale.cms(),
         scale.deploys(),
+        scale.others(),
+        OTHER_KINDS.join(", "),
         list.len()
     );
     println!("| Process | Initial sync [per round] | VmRSS steady | VmHWM peak |");
@@ -769,18 +968,21 @@ fn report(
             verdict(ratio_hwm.iter().all(|r| *r <= TARGET_RATIO))
         );
         println!(
-            "| {name} | sync / bare list | {:.3} | {} | <= 1.5 | {} |",
+            "| {name} | sync / bare list | {:.3} | {} | <= {} | {} |",
             median(ratio_sync.clone()),
             fmt(&ratio_sync),
-            verdict(ratio_sync.iter().all(|r| *r <= TARGET_SYNC_RATIO))
+            shape.target_sync_ratio,
+            verdict(ratio_sync.iter().all(|r| *r <= shape.target_sync_ratio))
         );
         println!(
-            "| {name} | VmRSS steady (worst round) | {worst_rss:.1} MiB | | < 32 MiB | {} |",
-            verdict(worst_rss < mib(TARGET_STEADY_KIB))
+            "| {name} | VmRSS steady (worst round) | {worst_rss:.1} MiB | | < {} MiB | {} |",
+            shape.target_steady_kib / 1024,
+            verdict(worst_rss < mib(shape.target_steady_kib))
         );
         println!(
-            "| {name} | VmHWM peak (worst round) | {worst_hwm:.1} MiB | | < 96 MiB | {} |",
-            verdict(worst_hwm < mib(TARGET_PEAK_KIB))
+            "| {name} | VmHWM peak (worst round) | {worst_hwm:.1} MiB | | < {} MiB | {} |",
+            shape.target_peak_kib / 1024,
+            verdict(worst_hwm < mib(shape.target_peak_kib))
         );
     }
 }
@@ -797,6 +999,7 @@ fn run_child(
         .env(ROLE_ENV, role)
         .env(URL_ENV, url)
         .env("CONFIGHASH_BENCH_SCALE", scale.fraction.to_string())
+        .env("CONFIGHASH_BENCH_POPULATION", scale.shape.name)
         .env(
             "CONFIGHASH_BENCH_HELM_RELEASES",
             scale.helm_full_scale.to_string(),
@@ -850,7 +1053,7 @@ fn wait_or_kill(child: &mut Child, limit: Duration) -> Option<std::process::Exit
 async fn load(url: &str, scale: &Scale) {
     let client = client_for(url).await;
     let real = url.starts_with(KUBECONFIG_URL);
-    for n in 0..NAMESPACES {
+    for n in 0..scale.namespaces() {
         let mut labels = BTreeMap::new();
         if n % 2 == 0 {
             labels.insert("confighash.dev/enabled".to_owned(), "true".to_owned());
@@ -870,55 +1073,94 @@ async fn load(url: &str, scale: &Scale) {
                 .await,
         );
     }
-    let pp = PostParams::default();
-    let jobs = (0..NAMESPACES).flat_map(|n| (0..scale.secrets_per_ns).map(move |k| (n, k)));
-    futures::stream::iter(jobs)
-        .for_each_concurrent(LOAD_CONCURRENCY, |(n, k)| {
-            let api: Api<Secret> = Api::namespaced(client.clone(), &namespace_name(n));
-            let pp = &pp;
-            async move {
-                created("a Secret", api.create(pp, &secret(n, k)).await);
-            }
-        })
-        .await;
-    let jobs = (0..NAMESPACES).flat_map(|n| (0..scale.helm_per_ns).map(move |k| (n, k)));
-    futures::stream::iter(jobs)
-        .for_each_concurrent(LOAD_CONCURRENCY, |(n, k)| {
-            let api: Api<Secret> = Api::namespaced(client.clone(), &namespace_name(n));
-            let pp = &pp;
-            async move {
-                created(
-                    "a Helm release record",
-                    api.create(pp, &helm_release(scale, n, k)).await,
-                );
-            }
-        })
-        .await;
-    let jobs = (0..NAMESPACES).flat_map(|n| (0..scale.cms_per_ns).map(move |k| (n, k)));
-    futures::stream::iter(jobs)
-        .for_each_concurrent(LOAD_CONCURRENCY, |(n, k)| {
-            let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace_name(n));
-            let pp = &pp;
-            async move {
-                created("a ConfigMap", api.create(pp, &config_map(n, k)).await);
-            }
-        })
-        .await;
-    let jobs = (0..NAMESPACES).flat_map(|n| (0..scale.deploys_per_ns).map(move |k| (n, k)));
-    futures::stream::iter(jobs)
-        .for_each_concurrent(LOAD_CONCURRENCY, |(n, k)| {
-            let api: Api<Deployment> = Api::namespaced(client.clone(), &namespace_name(n));
-            let pp = &pp;
-            async move {
-                let mut d = deployment(scale, k);
-                if real {
-                    // The controllers keep their pods away: no pods for kwok to run, no
-                    // ReplicaSet churn while the watcher is measured.
-                    if let Some(spec) = d.spec.as_mut() {
-                        spec.replicas = Some(0);
-                    }
+    let started = Instant::now();
+    let done = |what: &str| {
+        println!(
+            "  loaded {what} at {:.1} s",
+            started.elapsed().as_secs_f64()
+        )
+    };
+    create_each(&client, scale, "a Secret", scale.secrets_per_ns, |n, k| {
+        secret(scale, n, k)
+    })
+    .await;
+    create_each(&client, scale, "a token Secret", scale.tokens_per_ns, token).await;
+    create_each(
+        &client,
+        scale,
+        "a Helm release record",
+        scale.helm_per_ns,
+        |n, k| helm_release(scale, n, k),
+    )
+    .await;
+    done("the Secrets");
+    create_each(&client, scale, "a ConfigMap", scale.cms_per_ns, |n, k| {
+        config_map(scale, n, k)
+    })
+    .await;
+    done("the ConfigMaps");
+    create_each(
+        &client,
+        scale,
+        "a Deployment",
+        scale.deploys_per_ns,
+        |_, k| {
+            let mut d = deployment(scale, k);
+            if real {
+                // The controllers keep their pods away: no pods for kwok to run, no ReplicaSet
+                // churn while the watcher is measured.
+                if let Some(spec) = d.spec.as_mut() {
+                    spec.replicas = Some(0);
                 }
-                created("a Deployment", api.create(pp, &d).await);
+            }
+            d
+        },
+    )
+    .await;
+    let per_ns = scale.others_per_ns;
+    create_each::<StatefulSet>(&client, scale, "a StatefulSet", per_ns, |_, k| {
+        parsed(other_workload(scale, "StatefulSet", k))
+    })
+    .await;
+    create_each::<DaemonSet>(&client, scale, "a DaemonSet", per_ns, |_, k| {
+        parsed(other_workload(scale, "DaemonSet", k))
+    })
+    .await;
+    create_each::<CronJob>(&client, scale, "a CronJob", per_ns, |_, k| {
+        parsed(other_workload(scale, "CronJob", k))
+    })
+    .await;
+    done("the workloads");
+}
+
+fn parsed<K: serde::de::DeserializeOwned>(v: Value) -> K {
+    serde_json::from_value(v).expect("a valid workload")
+}
+
+/// Creates `per_ns` objects in every namespace, [`LOAD_CONCURRENCY`] at a time: `make(n, k)` is
+/// object `k` of namespace `n`.
+async fn create_each<K>(
+    client: &kube::Client,
+    scale: &Scale,
+    what: &str,
+    per_ns: usize,
+    make: impl Fn(usize, usize) -> K,
+) where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let pp = PostParams::default();
+    let jobs = (0..scale.namespaces()).flat_map(|n| (0..per_ns).map(move |k| (n, k)));
+    futures::stream::iter(jobs)
+        .for_each_concurrent(LOAD_CONCURRENCY, |(n, k)| {
+            let api: Api<K> = Api::namespaced(client.clone(), &namespace_name(n));
+            let object = make(n, k);
+            let pp = &pp;
+            async move {
+                created(what, api.create(pp, &object).await);
             }
         })
         .await;
@@ -1078,40 +1320,16 @@ fn child_reflector() {
     rt.block_on(async {
         let client = client_for(&child_url()).await;
         let start = Instant::now();
-        let (secrets, w) = reflector::store::<Secret>();
-        tokio::spawn(
-            reflector::reflector(
-                w,
-                kube::runtime::watcher(Api::<Secret>::all(client.clone()), Default::default())
-                    .default_backoff(),
-            )
-            .for_each(|_| futures::future::ready(())),
-        );
-        let (cms, w) = reflector::store::<ConfigMap>();
-        tokio::spawn(
-            reflector::reflector(
-                w,
-                kube::runtime::watcher(Api::<ConfigMap>::all(client.clone()), Default::default())
-                    .default_backoff(),
-            )
-            .for_each(|_| futures::future::ready(())),
-        );
-        let (deploys, w) = reflector::store::<Deployment>();
-        tokio::spawn(
-            reflector::reflector(
-                w,
-                kube::runtime::watcher(Api::<Deployment>::all(client.clone()), Default::default())
-                    .default_backoff(),
-            )
-            .for_each(|_| futures::future::ready(())),
-        );
+        // Every kind the watcher watches, each in a store of full objects.
+        let (secrets, a) = reflect::<Secret>(&client);
+        let (cms, b) = reflect::<ConfigMap>(&client);
+        let (deploys, c) = reflect::<Deployment>(&client);
+        let (sts, d) = reflect::<StatefulSet>(&client);
+        let (dss, e) = reflect::<DaemonSet>(&client);
+        let (cjs, f) = reflect::<CronJob>(&client);
         let ready = async {
-            let (a, b, c) = tokio::join!(
-                secrets.wait_until_ready(),
-                cms.wait_until_ready(),
-                deploys.wait_until_ready()
-            );
-            a.and(b).and(c).expect("the reflectors run");
+            let all = futures::future::join_all([a, b, c, d, e, f]).await;
+            assert!(all.into_iter().all(|ok| ok), "the reflectors run");
         };
         tokio::time::timeout(SYNC_DEADLINE, ready)
             .await
@@ -1122,11 +1340,44 @@ fn child_reflector() {
         report_and_exit(
             sync,
             json!({
-                "stored": {"Secret": secrets.len(), "ConfigMap": cms.len(), "Deployment": deploys.len()},
+                "stored": {"Secret": secrets.len(), "ConfigMap": cms.len(),
+                    "Deployment": deploys.len(), "StatefulSet": sts.len(), "DaemonSet": dss.len(),
+                    "CronJob": cjs.len()},
                 "hwm_at_sync_mib": hwm_at_sync / 1024,
             }),
         );
     });
+}
+
+/// A reflector of every `K` into a store of full objects, as Reloader/Wave-style controllers
+/// keep them: the store, and a future that ends true once it has listed.
+fn reflect<K>(
+    client: &kube::Client,
+) -> (
+    reflector::Store<K>,
+    futures::future::BoxFuture<'static, bool>,
+)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store::<K>();
+    tokio::spawn(
+        reflector::reflector(
+            writer,
+            kube::runtime::watcher(Api::<K>::all(client.clone()), Default::default())
+                .default_backoff(),
+        )
+        .for_each(|_| futures::future::ready(())),
+    );
+    let ready = store.clone();
+    let ready = Box::pin(async move { ready.wait_until_ready().await.is_ok() });
+    (store, ready)
 }
 
 async fn list_all<K>(api: Api<K>) -> usize
@@ -1150,20 +1401,25 @@ fn child_list() {
     rt.block_on(async {
         let client = client_for(&child_url()).await;
         let start = Instant::now();
+        // Every kind the watcher lists, all at once.
         let all = async {
             tokio::join!(
                 list_all(Api::<Secret>::all(client.clone())),
                 list_all(Api::<ConfigMap>::all(client.clone())),
-                list_all(Api::<Deployment>::all(client.clone()))
+                list_all(Api::<Deployment>::all(client.clone())),
+                list_all(Api::<StatefulSet>::all(client.clone())),
+                list_all(Api::<DaemonSet>::all(client.clone())),
+                list_all(Api::<CronJob>::all(client.clone())),
             )
         };
-        let (s, c, d) = tokio::time::timeout(SYNC_DEADLINE, all)
+        let (s, c, d, st, ds, cj) = tokio::time::timeout(SYNC_DEADLINE, all)
             .await
             .expect("the lists did not finish");
         let sync = start.elapsed();
         report_and_exit(
             sync,
-            json!({"listed": {"Secret": s, "ConfigMap": c, "Deployment": d}}),
+            json!({"listed": {"Secret": s, "ConfigMap": c, "Deployment": d, "StatefulSet": st,
+                "DaemonSet": ds, "CronJob": cj}}),
         );
     });
 }
@@ -1248,7 +1504,7 @@ fn child_index() {
         for &n in namespaces {
             let ns = namespace_name(n);
             for k in 0..scale.secrets_per_ns {
-                let s = secret(n, k);
+                let s = secret(&scale, n, k);
                 let key = (
                     ns.clone(),
                     ObjectRef::new(ObjectKind::Secret, format!("secret-{k}")),
@@ -1264,7 +1520,7 @@ fn child_index() {
                 configs.upsert(key, StoredConfig::from_secret(&s));
             }
             for k in 0..scale.cms_per_ns {
-                let c = config_map(n, k);
+                let c = config_map(&scale, n, k);
                 let key = (
                     ns.clone(),
                     ObjectRef::new(ObjectKind::ConfigMap, format!("cm-{k}")),
@@ -1275,7 +1531,7 @@ fn child_index() {
                 );
             }
         }
-        for n in 0..NAMESPACES {
+        for n in 0..scale.namespaces() {
             let ns = namespace_name(n);
             for k in 0..scale.deploys_per_ns {
                 let mut v = serde_json::to_value(deployment(&scale, k)).expect("JSON");
@@ -1296,13 +1552,13 @@ fn child_index() {
     };
     let mib = |b: usize| (b as f64 / 1048576.0 * 10.0).round() / 10.0;
     let before = heap::in_use();
-    let opted_in: Vec<usize> = (0..NAMESPACES).step_by(2).collect();
+    let opted_in: Vec<usize> = (0..scale.namespaces()).step_by(2).collect();
     let half = build(&opted_in);
     let half_bytes = heap::in_use().saturating_sub(before);
     let half_objects = half.0.len();
     drop(half);
     let before = heap::in_use();
-    let all: Vec<usize> = (0..NAMESPACES).collect();
+    let all: Vec<usize> = (0..scale.namespaces()).collect();
     let full = build(&all);
     let full_bytes = heap::in_use().saturating_sub(before);
     let line = json!({
