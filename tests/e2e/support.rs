@@ -854,6 +854,9 @@ impl Env {
                     name: r.name,
                     code: 0,
                     stored_stamp: None,
+                    received_us: 0,
+                    completed_us: 0,
+                    user_agent: String::new(),
                 })
                 .collect(),
             None => audit()
@@ -1620,6 +1623,12 @@ pub struct Audited {
     /// For a write to a workload: the stamp of the pod template the API server stored, as its
     /// answer says (the audit policy records answers of workload writes).
     pub stored_stamp: Option<String>,
+    /// When the API server received the request and when it finished answering it
+    /// (`requestReceivedTimestamp`, `stageTimestamp` of the final stage), in microseconds since
+    /// the epoch; 0 when the log has none.
+    pub received_us: i64,
+    pub completed_us: i64,
+    pub user_agent: String,
 }
 
 impl std::fmt::Display for Audited {
@@ -1702,7 +1711,17 @@ impl AuditLog {
                     .unwrap_or_default()
                     .to_owned()
             };
+            let micros = |pointer: &str| {
+                entry
+                    .pointer(pointer)
+                    .and_then(Value::as_str)
+                    .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                    .map_or(0, |t| t.as_microsecond())
+            };
             read.1.push(Audited {
+                received_us: micros("/requestReceivedTimestamp"),
+                completed_us: micros("/stageTimestamp"),
+                user_agent: field("/userAgent"),
                 verb: field("/verb"),
                 resource: match field("/objectRef/subresource") {
                     sub if sub.is_empty() => field("/objectRef/resource"),

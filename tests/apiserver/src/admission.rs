@@ -96,6 +96,9 @@ pub struct AdmissionOutcome {
     /// `response.warnings` of the webhooks, in call order; kube-apiserver sends each back to the
     /// client as a `Warning: 299 - "..."` header.
     pub warnings: Vec<String>,
+    /// How long each call of `calls` took, in the same order: what kube-apiserver's
+    /// `apiserver_admission_webhook_admission_duration_seconds` observes.
+    pub durations: Vec<std::time::Duration>,
 }
 
 /// One call of one webhook.
@@ -423,11 +426,13 @@ pub async fn mutate(
     let mut object = std::mem::take(&mut input.object);
     let mut calls = Vec::new();
     let mut warnings = Vec::new();
+    let mut durations = Vec::new();
     if is_exempt(input.resource) {
         return Ok(AdmissionOutcome {
             object,
             calls,
             warnings,
+            durations,
         });
     }
     let hooks = hooks(configurations);
@@ -448,7 +453,9 @@ pub async fn mutate(
             if round == 1 && !context.reinvoke.contains(&hook.uid()) {
                 continue;
             }
+            let called = std::time::Instant::now();
             let result = call_hook(hook, &input, &object).await;
+            let took = called.elapsed();
             let (changed, failure) = match result {
                 Ok(answer) => {
                     warnings.extend(answer.warnings);
@@ -494,12 +501,14 @@ pub async fn mutate(
                 round,
                 result,
             });
+            durations.push(took);
         }
     }
     Ok(AdmissionOutcome {
         object,
         calls,
         warnings,
+        durations,
     })
 }
 

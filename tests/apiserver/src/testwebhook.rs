@@ -177,6 +177,9 @@ impl TestWebhook {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
+                // As webhooks serve in production (confighash does): without it, an answer
+                // written in two segments waits for the caller's delayed ACK, some 40 ms.
+                let _ = tcp.set_nodelay(true);
                 let acceptor = acceptor.clone();
                 let app = app.clone();
                 tokio::spawn(async move {
