@@ -25,6 +25,11 @@
 //! On a real cluster: `source target/control-plane/e2e.env` after `CONFIGHASH_REAL_KEEP=1
 //! scripts/real-tier.sh -- none`, then `cargo bench --bench admission_latency`. Without it the
 //! mass sync runs on the stand-in (confighash in-process; the steady scenario is skipped).
+//!
+//! Without `--bench` (as `cargo test --benches` runs it): a mass sync of 10 applications over
+//! 1 s on the stand-in, with the same checks.
+#[path = "common/mode.rs"]
+mod mode;
 #[path = "../tests/e2e/support.rs"]
 mod support;
 
@@ -284,9 +289,14 @@ fn ms(d: Duration) -> String {
 }
 
 /// The mass sync: 4 workloads per application created open loop over the sync's seconds.
-async fn mass_sync(env: &Env) -> bool {
-    let apps = env_usize("CONFIGHASH_ADMISSION_APPS", 500).max(1);
-    let secs = env_usize("CONFIGHASH_ADMISSION_SYNC_SECS", 10).max(1);
+async fn mass_sync(env: &Env, mode: mode::Mode) -> bool {
+    let (apps, secs) = match mode {
+        mode::Mode::Full => (
+            env_usize("CONFIGHASH_ADMISSION_APPS", 500).max(1),
+            env_usize("CONFIGHASH_ADMISSION_SYNC_SECS", 10).max(1),
+        ),
+        mode::Mode::Smoke => (10, 1),
+    };
     let real = !env.is_stand_in();
     let namespaces: Vec<String> = (0..apps.div_ceil(APPS_PER_NAMESPACE))
         .map(|n| format!("sync-{n:03}"))
@@ -536,7 +546,7 @@ async fn mass_sync(env: &Env) -> bool {
     held
 }
 
-async fn run() {
+async fn run(mode: mode::Mode) {
     let scenario =
         std::env::var("CONFIGHASH_ADMISSION_SCENARIO").unwrap_or_else(|_| "both".to_owned());
     if !matches!(scenario.as_str(), "both" | "steady" | "mass-sync") {
@@ -544,7 +554,11 @@ async fn run() {
         std::process::exit(2);
     }
     let env = Env::start().await;
-    if scenario != "mass-sync" {
+    if mode == mode::Mode::Smoke && !env.is_stand_in() {
+        eprintln!("admission_latency: the smoke run is for the stand-in");
+        std::process::exit(2);
+    }
+    if scenario != "mass-sync" && mode == mode::Mode::Full {
         if env.is_stand_in() {
             println!(
                 "steady: skipped, it reads kube-apiserver's histogram (source \
@@ -555,7 +569,7 @@ async fn run() {
             println!();
         }
     }
-    if scenario != "steady" && !mass_sync(&env).await {
+    if scenario != "steady" && !mass_sync(&env, mode).await {
         std::process::exit(1);
     }
 }
@@ -565,5 +579,5 @@ fn main() {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(run());
+        .block_on(run(mode::from_args()));
 }

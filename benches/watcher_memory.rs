@@ -734,15 +734,22 @@ fn measure_all(
     );
     drop(rt);
 
+    // On a real cluster: the requests each child made, by verb, from kube-apiserver's counters.
+    let requests = url.starts_with(KUBECONFIG_URL).then(|| Requests::new(url));
     let mut list = Vec::new();
     let mut ours: Vec<Vec<Reading>> = variants.iter().map(|_| Vec::new()).collect();
     let mut refl = Vec::new();
     let mut loads = Vec::new();
     for round in 1..=rounds {
         let measure = |name: &str, exe: &Path, role: &str, env: &[(&str, String)]| {
+            let before = requests.as_ref().map(|r| r.read());
             let r = run_child(exe, role, url, scale, steady, env);
+            let counted = match (&requests, before) {
+                (Some(r), Some(before)) => format!("  API requests: {}", r.since(&before)),
+                _ => String::new(),
+            };
             println!(
-                "round {round} {name}: sync {:>7.3} s  VmRSS {:>8.1} MiB  VmHWM {:>8.1} MiB  {}",
+                "round {round} {name}: sync {:>7.3} s  VmRSS {:>8.1} MiB  VmHWM {:>8.1} MiB  {}{counted}",
                 r.sync_secs,
                 mib(r.rss_kib),
                 mib(r.hwm_kib),
@@ -1033,6 +1040,97 @@ fn run_child(
         rss_kib: v["rss_kib"].as_u64().unwrap_or(0),
         hwm_kib: v["hwm_kib"].as_u64().unwrap_or(0),
         detail: v["detail"].clone(),
+    }
+}
+
+/// kube-apiserver's `apiserver_request_total`, read around a child: the requests of the kinds the
+/// watcher reads, by verb. Controllers read the same kinds, but through informers that have
+/// listed long before and only watch; a LIST counted here is the child's.
+struct Requests {
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+}
+
+/// The resources counted.
+const COUNTED: [&str; 7] = [
+    "secrets",
+    "configmaps",
+    "namespaces",
+    "deployments",
+    "statefulsets",
+    "daemonsets",
+    "cronjobs",
+];
+
+impl Requests {
+    fn new(url: &str) -> Requests {
+        let rt = tokio::runtime::Runtime::new().expect("a runtime");
+        let client = rt.block_on(client_for(url));
+        Requests { rt, client }
+    }
+
+    /// (verb, resource) -> requests so far.
+    fn read(&self) -> BTreeMap<(String, String), f64> {
+        let text = self
+            .rt
+            .block_on(
+                self.client
+                    .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap()),
+            )
+            .expect("kube-apiserver's /metrics");
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once(' ') else {
+                continue;
+            };
+            let label = |key: &str| {
+                labels
+                    .split_once(&format!("{key}=\""))
+                    .and_then(|(_, r)| r.split_once('"'))
+                    .map(|(v, _)| v.to_owned())
+                    .unwrap_or_default()
+            };
+            let resource = label("resource");
+            if !COUNTED.contains(&resource.as_str()) || !label("subresource").is_empty() {
+                continue;
+            }
+            *out.entry((label("verb"), resource)).or_default() +=
+                value.parse::<f64>().unwrap_or(0.0);
+        }
+        out
+    }
+
+    /// What was made since `before`: "LIST 12 (secrets 10, ...), WATCH 7, GET 0".
+    fn since(&self, before: &BTreeMap<(String, String), f64>) -> String {
+        let now = self.read();
+        let mut by_verb: BTreeMap<&str, (f64, Vec<String>)> = BTreeMap::new();
+        for ((verb, resource), n) in &now {
+            let d = n - before
+                .get(&(verb.clone(), resource.clone()))
+                .unwrap_or(&0.0);
+            if d > 0.0 {
+                let entry = by_verb.entry(verb).or_default();
+                entry.0 += d;
+                entry.1.push(format!("{resource} {d:.0}"));
+            }
+        }
+        for verb in ["LIST", "WATCH", "GET"] {
+            by_verb.entry(verb).or_default();
+        }
+        by_verb
+            .iter()
+            .map(|(verb, (n, parts))| {
+                if parts.is_empty() {
+                    format!("{verb} {n:.0}")
+                } else {
+                    format!("{verb} {n:.0} ({})", parts.join(", "))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 }
 
