@@ -67,6 +67,26 @@ const SYNC_LABEL: &str = "confighash-bench";
 /// real tier's replica runs with.
 const READ_CAP: usize = confighash::webhook::lookup::DEFAULT_MAX_READS_IN_FLIGHT;
 
+/// Bounds of kube-apiserver's admission histogram reported beside 25 ms, in seconds.
+const WIDER: [&str; 3] = ["0.1", "0.5", "1"];
+
+/// `hook`'s admit calls within `le` seconds (a bucket bound of kube-apiserver's admission
+/// histogram), summed over operations.
+fn bucket(metrics: &str, hook: &str, le: &str) -> f64 {
+    metrics
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_bucket{")
+        })
+        .filter(|l| {
+            l.contains(&format!("name=\"{hook}\""))
+                && l.contains("type=\"admit\"")
+                && l.contains(&format!("le=\"{le}\""))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
 /// (calls within 25 ms, calls) per webhook name, summed over operations, from kube-apiserver's
 /// metrics text.
 fn shares(metrics: &str) -> BTreeMap<String, (f64, f64)> {
@@ -328,14 +348,15 @@ async fn mass_sync(env: &Env, mode: mode::Mode) -> bool {
         started.elapsed().as_secs_f64()
     );
 
-    let (before, calls_before, open_before) = if real {
+    let (before, calls_before, open_before, text_before) = if real {
         let text = apiserver_metrics(env).await;
-        (shares(&text), 0, failed_open(&text))
+        (shares(&text), 0, failed_open(&text), text)
     } else {
         (
             BTreeMap::new(),
             env.api().webhook_calls().len(),
             BTreeMap::new(),
+            String::new(),
         )
     };
     let writes = apps * APP_WORKLOADS.len();
@@ -382,11 +403,15 @@ async fn mass_sync(env: &Env, mode: mode::Mode) -> bool {
     }
     let burst = t0.elapsed();
     let wall1 = std::time::SystemTime::now();
-    let (after, open_after) = if real {
+    let (after, open_after, text_after) = if real {
         let text = apiserver_metrics(env).await;
-        (shares(&text), failed_open(&text))
+        (shares(&text), failed_open(&text), text)
     } else {
-        (stand_in_shares(env, calls_before), BTreeMap::new())
+        (
+            stand_in_shares(env, calls_before),
+            BTreeMap::new(),
+            String::new(),
+        )
     };
     unregister(env, &noop_name).await;
 
@@ -444,8 +469,10 @@ async fn mass_sync(env: &Env, mode: mode::Mode) -> bool {
     println!("stored: {listed} workloads, {stamped} stamped, {marked} marked unstamped");
 
     println!();
-    println!("| webhook | calls | within 25 ms | share | failed open |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "| webhook | calls | within 25 ms | share | within 100 ms / 500 ms / 1 s | failed open |"
+    );
+    println!("|---|---|---|---|---|---|");
     let mut share_of = BTreeMap::new();
     for hook in [CONFIGHASH_HOOK, NOOP_HOOK] {
         let (fast, count) = after.get(hook).copied().unwrap_or_default();
@@ -475,7 +502,34 @@ async fn mass_sync(env: &Env, mode: mode::Mode) -> bool {
                 .count()
                 .to_string()
         };
-        println!("| {hook} | {count:.0} | {fast:.0} | {share:.1} % | {failed_open} |");
+        let wider: Vec<String> = WIDER
+            .iter()
+            .map(|le| {
+                let within = if real {
+                    bucket(&text_after, hook, le) - bucket(&text_before, hook, le)
+                } else {
+                    let bound = Duration::from_secs_f64(le.parse().unwrap_or(0.0));
+                    env.api()
+                        .timed_webhook_calls()
+                        .iter()
+                        .skip(calls_before)
+                        .filter(|(c, took)| c.webhook == hook && *took <= bound)
+                        .count() as f64
+                };
+                format!(
+                    "{:.1} %",
+                    if count > 0.0 {
+                        100.0 * within / count
+                    } else {
+                        0.0
+                    }
+                )
+            })
+            .collect();
+        println!(
+            "| {hook} | {count:.0} | {fast:.0} | {share:.1} % | {} | {failed_open} |",
+            wider.join(" / ")
+        );
     }
     println!(
         "(durations: {}; the no-op webhook answered {} reviews)",

@@ -145,6 +145,12 @@ current-context: $name
 EOF
 }
 
+# The audit log is never rotated: the tests read it by offset, and a count from a rotated log
+# would miss every request written to the file rotated away. (0, which reads as "no limit", is
+# kube-apiserver's rotation default of 100 MB: a mass sync or a wave of 2,000 workloads crosses
+# it.) One TiB, in MB.
+AUDIT_LOG_MAX_MB=1048576
+
 audit_policy() {
     # Every request a ServiceAccount makes: writes with their request bodies, except to Secrets
     # (their content stays out of the log), everything else as metadata.
@@ -245,7 +251,8 @@ up() {
         --service-account-key-file "$pki/sa.pub" \
         --service-account-signing-key-file "$pki/sa.key" \
         --audit-policy-file "$STATE/audit-policy.yaml" \
-        --audit-log-path "$STATE/audit.log" --audit-log-format json --audit-log-maxsize 0 \
+        --audit-log-path "$STATE/audit.log" --audit-log-format json \
+        --audit-log-maxsize "$AUDIT_LOG_MAX_MB" \
         --endpoint-reconciler-type none \
         --allow-privileged --profiling=false
     wait_for "kube-apiserver /readyz" 60 kube-apiserver \

@@ -1685,6 +1685,14 @@ impl AuditLog {
         let mut read = self.read.lock().unwrap();
         let mut file = std::fs::File::open(&self.path)
             .unwrap_or_else(|e| panic!("{}: {e}", self.path.display()));
+        let len = file.metadata().map_or(0, |m| m.len());
+        assert!(
+            len >= read.0,
+            "{} is shorter ({len} bytes) than what was read of it ({} bytes): it was rotated, \
+             and the requests written to the file rotated away would not be counted",
+            self.path.display(),
+            read.0
+        );
         file.seek(std::io::SeekFrom::Start(read.0)).unwrap();
         let mut reader = std::io::BufReader::new(file);
         let needle = format!("\"username\":\"{}\"", self.user);
