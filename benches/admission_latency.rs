@@ -30,6 +30,8 @@
 //! 1 s on the stand-in, with the same checks.
 #[path = "common/mode.rs"]
 mod mode;
+#[path = "common/prom.rs"]
+mod prom;
 #[path = "../tests/e2e/support.rs"]
 mod support;
 
@@ -70,20 +72,18 @@ const READ_CAP: usize = confighash::webhook::lookup::DEFAULT_MAX_READS_IN_FLIGHT
 /// Bounds of kube-apiserver's admission histogram reported beside 25 ms, in seconds.
 const WIDER: [&str; 3] = ["0.1", "0.5", "1"];
 
+const ADMISSION: &str = "apiserver_admission_webhook_admission_duration_seconds";
+
 /// `hook`'s admit calls within `le` seconds (a bucket bound of kube-apiserver's admission
 /// histogram), summed over operations.
 fn bucket(metrics: &str, hook: &str, le: &str) -> f64 {
-    metrics
-        .lines()
-        .filter_map(|l| {
-            l.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_bucket{")
+    prom::samples(metrics, &format!("{ADMISSION}_bucket"))
+        .filter(|(labels, _)| {
+            prom::label(labels, "name") == Some(hook)
+                && prom::label(labels, "type") == Some("admit")
+                && prom::label(labels, "le") == Some(le)
         })
-        .filter(|l| {
-            l.contains(&format!("name=\"{hook}\""))
-                && l.contains("type=\"admit\"")
-                && l.contains(&format!("le=\"{le}\""))
-        })
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|(_, v)| v)
         .sum()
 }
 
@@ -91,32 +91,21 @@ fn bucket(metrics: &str, hook: &str, le: &str) -> f64 {
 /// metrics text.
 fn shares(metrics: &str) -> BTreeMap<String, (f64, f64)> {
     let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) =
-            line.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_")
-        else {
-            continue;
-        };
-        let (series, value) = match rest.rsplit_once(' ') {
-            Some((s, v)) => (s, v.parse::<f64>().unwrap_or(0.0)),
-            None => continue,
-        };
-        let label = |key: &str| {
-            series
-                .split_once(&format!("{key}=\""))
-                .and_then(|(_, r)| r.split_once('"'))
-                .map(|(v, _)| v.to_owned())
-        };
-        let Some(name) = label("name") else { continue };
-        if label("type").as_deref() != Some("admit") {
-            continue;
+    let admits = |metric: String| {
+        prom::samples(metrics, &metric)
+            .filter(|(labels, _)| prom::label(labels, "type") == Some("admit"))
+            .filter_map(|(labels, v)| {
+                Some((prom::label(labels, "name")?, prom::label(labels, "le"), v))
+            })
+            .collect::<Vec<_>>()
+    };
+    for (name, le, v) in admits(format!("{ADMISSION}_bucket")) {
+        if le == Some(BUCKET) {
+            out.entry(name.to_owned()).or_default().0 += v;
         }
-        let entry = out.entry(name).or_default();
-        if series.starts_with("bucket") && label("le").as_deref() == Some(BUCKET) {
-            entry.0 += value;
-        } else if series.starts_with("count") {
-            entry.1 += value;
-        }
+    }
+    for (name, _, v) in admits(format!("{ADMISSION}_count")) {
+        out.entry(name.to_owned()).or_default().1 += v;
     }
     out
 }
@@ -258,24 +247,13 @@ fn stand_in_shares(env: &Env, skip: usize) -> BTreeMap<String, (f64, f64)> {
 }
 
 /// Calls that failed open, per webhook: kube-apiserver's
-/// `apiserver_admission_webhook_fail_open_count`, or the stand-in's record.
+/// `apiserver_admission_webhook_fail_open_count`.
 fn failed_open(metrics: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_admission_webhook_fail_open_count{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once(' ') else {
-            continue;
-        };
-        let Some(name) = labels
-            .split_once("name=\"")
-            .and_then(|(_, r)| r.split_once('"'))
-            .map(|(v, _)| v.to_owned())
-        else {
-            continue;
-        };
-        *out.entry(name).or_default() += value.parse::<f64>().unwrap_or(0.0);
+    for (labels, v) in prom::samples(metrics, "apiserver_admission_webhook_fail_open_count") {
+        if let Some(name) = prom::label(labels, "name") {
+            *out.entry(name.to_owned()).or_default() += v;
+        }
     }
     out
 }

@@ -65,6 +65,8 @@ use serde_json::{Value, json};
 
 #[path = "common/mode.rs"]
 mod mode;
+#[path = "common/prom.rs"]
+mod prom;
 use mode::Mode;
 
 const ROLE_ENV: &str = "CONFIGHASH_BENCH_ROLE";
@@ -1079,26 +1081,13 @@ impl Requests {
             )
             .expect("kube-apiserver's /metrics");
         let mut out = BTreeMap::new();
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-                continue;
-            };
-            let Some((labels, value)) = rest.rsplit_once(' ') else {
-                continue;
-            };
-            let label = |key: &str| {
-                labels
-                    .split_once(&format!("{key}=\""))
-                    .and_then(|(_, r)| r.split_once('"'))
-                    .map(|(v, _)| v.to_owned())
-                    .unwrap_or_default()
-            };
+        for (labels, value) in prom::samples(&text, "apiserver_request_total") {
+            let label = |key| prom::label(labels, key).unwrap_or_default().to_owned();
             let resource = label("resource");
             if !COUNTED.contains(&resource.as_str()) || !label("subresource").is_empty() {
                 continue;
             }
-            *out.entry((label("verb"), resource)).or_default() +=
-                value.parse::<f64>().unwrap_or(0.0);
+            *out.entry((label("verb"), resource)).or_default() += value;
         }
         out
     }
