@@ -59,6 +59,11 @@ async fn deleting_an_opted_in_namespace_touches_nothing_even_with_roll_on_delete
     }
     env.barrier("doomed").await;
     env.barrier("other").await;
+    // Events are recorded in their own task: the two barriers' ConfigChanged Events are counted
+    // before the deletion, not after it (under load one landed after this point and was taken
+    // for an Event of the deletion).
+    env.eventually("the barriers' Events", || async { event_writes(&env) >= 2 })
+        .await;
     let mark = env.mark("other").await;
     let events = event_writes(&env);
     let barrier_before = env.rollouts("other", "Deployment", "barrier").await;
@@ -86,10 +91,17 @@ async fn deleting_an_opted_in_namespace_touches_nothing_even_with_roll_on_delete
         event_writes(&env) - events >= barrier
     })
     .await;
+    let written: Vec<String> = env
+        .api()
+        .audit()
+        .into_iter()
+        .filter(|r| r.resource == "events" && (r.verb == "create" || r.verb == "patch"))
+        .map(|r| format!("{} {}/{}", r.verb, r.namespace, r.name))
+        .collect();
     assert_eq!(
         event_writes(&env) - events,
         barrier,
-        "Events besides the barrier's ConfigChanged"
+        "Events besides the barrier's ConfigChanged; every Event write: {written:?}"
     );
 }
 
