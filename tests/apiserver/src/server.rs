@@ -107,9 +107,8 @@ pub(crate) struct Shared {
     rollouts_served: AtomicBool,
     authorizer: Mutex<Option<Arc<Authorizer>>>,
     tokens: Mutex<HashMap<String, UserInfo>>,
-    webhook_calls: Mutex<Vec<WebhookCall>>,
-    /// How long each of `webhook_calls` took, in the same order.
-    webhook_durations: Mutex<Vec<Duration>>,
+    /// Every webhook call of the admission chain and how long it took.
+    webhook_calls: Mutex<Vec<(WebhookCall, Duration)>>,
     requests: Mutex<Vec<(String, String)>>,
     /// Every resource request by whom, as kube-apiserver's audit log records them.
     audit: Mutex<Vec<Audited>>,
@@ -164,7 +163,6 @@ impl ApiServer {
             authorizer: Mutex::new(None),
             tokens: Mutex::new(HashMap::new()),
             webhook_calls: Mutex::new(Vec::new()),
-            webhook_durations: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             audit: Mutex::new(Vec::new()),
             received: std::sync::atomic::AtomicU64::new(0),
@@ -357,19 +355,16 @@ impl ApiServer {
 
     /// Every webhook call of the admission chain so far.
     pub fn webhook_calls(&self) -> Vec<WebhookCall> {
-        lock(&self.shared.webhook_calls).clone()
+        lock(&self.shared.webhook_calls)
+            .iter()
+            .map(|(call, _)| call.clone())
+            .collect()
     }
 
     /// Every webhook call of the admission chain so far, with how long it took (as
     /// kube-apiserver's admission duration histogram observes them).
     pub fn timed_webhook_calls(&self) -> Vec<(WebhookCall, Duration)> {
-        let calls = lock(&self.shared.webhook_calls);
-        let durations = lock(&self.shared.webhook_durations);
-        calls
-            .iter()
-            .cloned()
-            .zip(durations.iter().copied())
-            .collect()
+        lock(&self.shared.webhook_calls).clone()
     }
 
     /// How many requests have arrived so far, counted before any injected delay (so a test can
@@ -1696,11 +1691,8 @@ async fn admit(
     };
     match admission::mutate(&configurations, input).await {
         Ok(outcome) => {
-            // Both under one order: the calls' lock is taken first wherever both are.
-            let mut calls = lock(&ctx.shared.webhook_calls);
-            calls.extend(outcome.calls);
-            lock(&ctx.shared.webhook_durations).extend(outcome.durations);
-            drop(calls);
+            lock(&ctx.shared.webhook_calls)
+                .extend(outcome.calls.into_iter().zip(outcome.durations));
             Ok(outcome.object)
         }
         Err(AdmissionError::Denied { code, message, .. }) => {
