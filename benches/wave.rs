@@ -155,7 +155,8 @@ async fn run(mode: mode::Mode) -> bool {
         env.ns(NS),
         started.elapsed().as_secs_f64()
     );
-    let writes_before = env.confighash_writes(NS).len() + env.confighash_writes(OTHER_NS).len();
+    // confighash's writes so far in each namespace: only those after them are the wave's.
+    let writes_before = [NS, OTHER_NS].map(|ns| env.confighash_writes(ns).len());
 
     // The wave.
     let t0 = tokio::time::Instant::now();
@@ -212,11 +213,10 @@ async fn run(mode: mode::Mode) -> bool {
     env.settled().await;
 
     // Exactness: confighash's own writes and Events, per workload.
-    let writes: Vec<support::Audited> = env
-        .confighash_writes(NS)
-        .into_iter()
-        .chain(env.confighash_writes(OTHER_NS))
-        .skip(writes_before)
+    let writes: Vec<support::Audited> = [NS, OTHER_NS]
+        .iter()
+        .zip(writes_before)
+        .flat_map(|(ns, before)| env.confighash_writes(ns).into_iter().skip(before))
         .collect();
     let mut per_workload: BTreeMap<String, usize> = BTreeMap::new();
     for w in writes
