@@ -1648,6 +1648,12 @@ fn child_index() {
     let all: Vec<usize> = (0..scale.namespaces()).collect();
     let full = build(&all);
     let full_bytes = heap::in_use().saturating_sub(before);
+    drop(full);
+    let before = heap::in_use();
+    let full = build(&[]);
+    let workload_bytes = heap::in_use().saturating_sub(before);
+    drop(full);
+    let full = build(&all);
     let line = json!({
         "sync_secs": 0.0,
         "rss_kib": 0,
@@ -1656,6 +1662,8 @@ fn child_index() {
             "all_namespaces": {"configs": full.0.len(), "workloads": full.1.len(), "heap_mib": mib(full_bytes),
                 "bytes_per_config_and_workload": full_bytes / (full.0.len() + full.1.len()).max(1)},
             "opted_in_configs_only": {"configs": half_objects, "workloads": full.1.len(), "heap_mib": mib(half_bytes)},
+            "workloads_only": {"workloads": full.1.len(), "heap_mib": mib(workload_bytes),
+                "bytes_per_workload": workload_bytes / full.1.len().max(1)},
         },
     });
     println!("RESULT {line}");

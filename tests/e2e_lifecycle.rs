@@ -385,6 +385,69 @@ async fn a_change_made_while_the_watches_are_down_is_carried_by_the_relist() {
     assert_eq!(env.metrics.touches("touched") - touched, 2);
 }
 
+/// The watcher's lists are streaming lists where the API server serves them, and pages of
+/// `list` calls where it refuses them (kube-apiserver 1.33, whose `WatchList` gate is off):
+/// either way a change rolls once, and a relist after 410 carries a change made while the
+/// watches were down.
+#[tokio::test]
+async fn the_watcher_streams_its_lists_and_pages_them_where_the_server_cannot_stream() {
+    for watch_list in [true, false] {
+        let setup = Setup {
+            watch_list,
+            ..Setup::default()
+        };
+        let Some(env) = Env::stand_in_with(
+            "the_watcher_streams_its_lists_and_pages_them_where_the_server_cannot_stream",
+            "turns the WatchList gate off, compacts history, counts requests",
+            setup,
+        )
+        .await
+        else {
+            return;
+        };
+        shop(&env).await;
+        let lists = |resource: &str| {
+            env.api()
+                .audit()
+                .iter()
+                .filter(|r| {
+                    r.user == "system:serviceaccount:confighash:confighash"
+                        && r.verb == "list"
+                        && r.resource == resource
+                        && r.namespace.is_empty()
+                })
+                .count()
+        };
+        let (config_maps, secrets) = (lists("configmaps"), lists("secrets"));
+        if watch_list {
+            assert_eq!((config_maps, secrets), (0, 0), "streamed, not listed");
+        } else {
+            assert!(config_maps >= 1 && secrets >= 1, "listed in pages");
+        }
+
+        env.api().fail_next(Some("watch"), None, u32::MAX, 500);
+        env.api().close_watches();
+        env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+            .await;
+        env.api().compact();
+        let refused = env.api().injected_faults().len();
+        env.eventually("a watch refused after the change", || async {
+            env.api().injected_faults().len() > refused
+        })
+        .await;
+        env.api().clear_faults();
+        env.wait_rollouts(NS, "Deployment", "web", 1).await;
+        env.barrier(NS).await;
+        assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+        assert_eq!(env.events(NS, "web", "ConfigChanged").await, 1);
+        if watch_list {
+            assert_eq!(lists("configmaps"), 0, "the relist streamed too");
+        } else {
+            assert!(lists("configmaps") > config_maps, "the relist listed again");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_stamp_kept_by_the_webhook_is_retried_until_it_lands() {
     let Some(env) = Env::stand_in(

@@ -359,11 +359,36 @@ impl WorkloadEntry {
 /// Every watched workload and the reverse index reference -> workloads.
 ///
 /// References are same-namespace, so the reverse index is kept per namespace and names each
-/// dependent by kind and name only, in a sorted vector (most objects have one or two users).
+/// dependent by kind and name only, in a sorted slice of exactly its length: most objects have
+/// one or two users, and a vector's spare room (four places at its first push) would cost more
+/// than the users themselves.
 #[derive(Debug, Default)]
 pub struct WorkloadIndex {
     workloads: HashMap<WorkloadKey, WorkloadEntry>,
-    reverse: HashMap<String, HashMap<ObjectRef, Vec<(WorkloadKindKey, String)>>>,
+    reverse: HashMap<String, HashMap<ObjectRef, Dependents>>,
+}
+
+/// The users of one object: sorted, each once.
+type Dependents = Box<[(WorkloadKindKey, Box<str>)]>;
+
+/// `users` with `dependent` added in order (unchanged when it is there).
+fn with_dependent(users: &mut Dependents, dependent: (WorkloadKindKey, &str)) {
+    if let Err(i) = users.binary_search_by(|(k, n)| (*k, &**n).cmp(&dependent)) {
+        let mut grown = Vec::with_capacity(users.len() + 1);
+        grown.extend(users[..i].iter().cloned());
+        grown.push((dependent.0, Box::from(dependent.1)));
+        grown.extend(users[i..].iter().cloned());
+        *users = grown.into_boxed_slice();
+    }
+}
+
+/// `users` without `dependent`.
+fn without_dependent(users: &mut Dependents, dependent: (WorkloadKindKey, &str)) {
+    if let Ok(i) = users.binary_search_by(|(k, n)| (*k, &**n).cmp(&dependent)) {
+        let mut kept = std::mem::take(users).into_vec();
+        kept.remove(i);
+        *users = kept.into_boxed_slice();
+    }
 }
 
 impl WorkloadIndex {
@@ -373,12 +398,9 @@ impl WorkloadIndex {
         entry.refs.shrink_to_fit();
         if !entry.refs.is_empty() {
             let objects = self.reverse.entry(key.namespace.clone()).or_default();
-            let dependent = (key.kind, key.name.clone());
             for (r, _) in entry.refs.iter() {
                 let users = objects.entry(r.clone()).or_default();
-                if let Err(i) = users.binary_search(&dependent) {
-                    users.insert(i, dependent.clone());
-                }
+                with_dependent(users, (key.kind, &key.name));
             }
         }
         self.workloads.insert(key, entry);
@@ -397,12 +419,9 @@ impl WorkloadIndex {
         let Some(objects) = self.reverse.get_mut(&key.namespace) else {
             return;
         };
-        let dependent = (key.kind, key.name.clone());
         for (r, _) in old.refs.iter() {
             if let Some(users) = objects.get_mut(r) {
-                if let Ok(i) = users.binary_search(&dependent) {
-                    users.remove(i);
-                }
+                without_dependent(users, (key.kind, &key.name));
                 if users.is_empty() {
                     objects.remove(r);
                 }
@@ -435,7 +454,7 @@ impl WorkloadIndex {
             .map(move |(kind, name)| WorkloadKey {
                 kind: *kind,
                 namespace: namespace.clone(),
-                name: name.clone(),
+                name: name.to_string(),
             })
     }
 

@@ -21,7 +21,7 @@ use tracing::{Instrument, Span};
 use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
 use crate::cluster::redact;
-use crate::cluster::watch::{Adapter, Watched, changes};
+use crate::cluster::watch::{Adapter, Watched, changes, events};
 use crate::core::names::{ENABLED_LABEL, FIELD_MANAGER};
 use crate::core::refs::{ObjectKind, ObjectRef};
 use crate::core::workload::WorkloadKind;
@@ -485,7 +485,7 @@ async fn watch_configs<K: ConfigObject>(
         |obj: &K| config_key(obj, K::KIND),
         |_: &ConfigKey, obj: K| obj.stored(),
     );
-    let changes = changes(watcher::watcher(api, cfg).default_backoff(), adapter, |e| {
+    let changes = changes(events(api, cfg).default_backoff(), adapter, |e| {
         errors.report(e)
     });
     let source = match scope {
@@ -538,9 +538,8 @@ async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
             at: SystemTime::now(),
         },
     );
-    let events = watcher::watcher(api, watcher::Config::default()).default_backoff();
     let changes = changes(
-        events,
+        events(api, watcher::Config::default()).default_backoff(),
         adapter,
         |e| tracing::warn!(error = %redact::watcher_error(e), "namespace watch error; retrying"),
     );
@@ -635,7 +634,7 @@ async fn watch_workloads(
             }
         },
     );
-    let changes = changes(watcher::watcher(api, cfg).default_backoff(), adapter, |e| {
+    let changes = changes(events(api, cfg).default_backoff(), adapter, |e| {
         errors.report(e)
     });
     match scope {

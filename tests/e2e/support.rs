@@ -139,6 +139,8 @@ pub struct Setup {
     pub lookup_deadline: Duration,
     /// `serve --dry-run`: the webhook and the watcher write no workload.
     pub dry_run: bool,
+    /// Whether the stand-in serves streaming lists (kube-apiserver's `WatchList` feature gate).
+    pub watch_list: bool,
 }
 
 impl Default for Setup {
@@ -159,6 +161,7 @@ impl Default for Setup {
             start_watcher: true,
             lookup_deadline: Duration::from_secs(2),
             dry_run: false,
+            watch_list: true,
         }
     }
 }
@@ -178,6 +181,7 @@ impl Env {
         }
         let api = ApiServer::start_with(apiserver::Options {
             rollouts_served: setup.rollouts_served,
+            watch_list: setup.watch_list,
             ..Default::default()
         })
         .await;
