@@ -52,6 +52,8 @@ async fn a_flapping_config_map_is_held_while_another_reference_rolls_at_once() {
     )
     .await;
     env.wait_first_revision("shop", "Deployment", "web").await;
+    // A change before the watcher's first sync is reconcile's, not a change window's.
+    env.wait_synced().await;
 
     // Three change windows: each rolls, and the third makes the token flap.
     for i in 1..=3u64 {
