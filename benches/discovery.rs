@@ -284,7 +284,7 @@ fn discovery(c: &mut Criterion) {
     .into_iter()
     .map(str::to_owned)
     .collect();
-    assert!(app_config.selection == Selection::Keys(expected_keys));
+    assert!(app_config.selection == Selection::Keys(expected_keys.into()));
     let db = refs
         .get(&ObjectRef::new(ObjectKind::Secret, "db-credentials"))
         .expect("db-credentials is referenced");

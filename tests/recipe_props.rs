@@ -637,7 +637,7 @@ fn state() -> impl Strategy<Value = State> {
 fn selection() -> impl Strategy<Value = Selection> {
     prop_oneof![
         Just(Selection::Whole),
-        btree_set(key(), 1..4).prop_map(Selection::Keys),
+        btree_set(key(), 1..4).prop_map(|k| Selection::Keys(k.into())),
     ]
 }
 
@@ -827,7 +827,7 @@ fn mutate(world: &World, op: u8, i: Index, j: Index, piece: &str) -> World {
         8 => {
             let mut keys: BTreeSet<String> = o.entries.keys().cloned().collect();
             keys.insert(piece.to_owned());
-            o.adds.push((Selection::Keys(keys), false));
+            o.adds.push((Selection::Keys(keys.into()), false));
         }
         _ => {
             o.kind = match o.kind {
@@ -940,7 +940,7 @@ proptest! {
         } else {
             let mut keys = extra_keys;
             keys.insert(target_key.clone());
-            Selection::Keys(keys)
+            Selection::Keys(keys.into())
         };
         let before = background.clone().with(target(kind, entries.clone(), sel.clone()));
 
@@ -1067,7 +1067,7 @@ proptest! {
         let sel = if whole {
             Selection::Whole
         } else {
-            Selection::Keys(BTreeSet::from([entry_key.clone()]))
+            Selection::Keys([entry_key.clone()].into())
         };
         let mut as_data = others;
         as_data.insert(entry_key.clone(), (Tag::Data, value.clone().into_bytes()));
@@ -1124,7 +1124,7 @@ proptest! {
         prop_assume!(a != b);
         let absent = |keys: &Option<BTreeSet<String>>| Obj {
             state: State::Absent,
-            adds: vec![(keys.clone().map_or(Selection::Whole, Selection::Keys), false)],
+            adds: vec![(keys.clone().map_or(Selection::Whole, |k| Selection::Keys(k.into())), false)],
             ..target(kind, EntryMap::new(), Selection::Whole)
         };
         let (wa, wb) = (background.clone().with(absent(&a)), background.with(absent(&b)));
@@ -1432,7 +1432,7 @@ fn a_key_holding_another_entrys_framing_does_not_collide() {
     refs.add(
         CM,
         "cfg",
-        Selection::Keys(BTreeSet::from(["k".to_owned(), "m".to_owned(), forged])),
+        Selection::Keys(["k".to_owned(), "m".to_owned(), forged].into()),
         false,
     );
     let a = checksum::compute_stamp(None, "default", &refs, |_| RefState::Present(&two));

@@ -4,7 +4,7 @@
 
 use crate::build;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use build::{binary_config_map, config_map, secret};
 use confighash::core::checksum::{self, ObjectDigest, ObjectView, RefState, StampKey};
@@ -12,7 +12,7 @@ use confighash::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 fn keys(keys: &[&str]) -> Selection {
-    Selection::Keys(keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>())
+    Selection::Keys(keys.iter().map(|k| k.to_string()).collect())
 }
 
 enum Obj {

@@ -360,7 +360,7 @@ fn whole() -> Selection {
 }
 
 fn keys(keys: &[&str]) -> Selection {
-    Selection::Keys(keys.iter().map(|k| k.to_string()).collect::<BTreeSet<_>>())
+    Selection::Keys(keys.iter().map(|k| k.to_string()).collect())
 }
 
 type Row = (ObjectKind, String, Selection, bool);

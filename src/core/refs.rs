@@ -58,12 +58,83 @@ pub enum Selection {
     /// Every key.
     Whole,
     /// Only these keys.
-    Keys(BTreeSet<String>),
+    Keys(KeySet),
+}
+
+/// Keys of an object, each once, in byte order (the recipe's): a sorted slice of exactly its
+/// length. The watcher keeps one per key-level reference of every workload, and most hold one
+/// key: a `BTreeSet` would take a node of room for eleven (about 280 bytes) for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeySet(Box<[String]>);
+
+impl KeySet {
+    pub fn iter(&self) -> std::slice::Iter<'_, String> {
+        self.0.iter()
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.0.binary_search_by(|k| k.as_str().cmp(key)).is_ok()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromIterator<String> for KeySet {
+    fn from_iter<I: IntoIterator<Item = String>>(keys: I) -> Self {
+        let mut keys: Vec<String> = keys.into_iter().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        KeySet(keys.into_boxed_slice())
+    }
+}
+
+impl Extend<String> for KeySet {
+    fn extend<I: IntoIterator<Item = String>>(&mut self, keys: I) {
+        let mut all = std::mem::take(&mut self.0).into_vec();
+        all.extend(keys);
+        *self = all.into_iter().collect();
+    }
+}
+
+impl<const N: usize> From<[String; N]> for KeySet {
+    fn from(keys: [String; N]) -> Self {
+        keys.into_iter().collect()
+    }
+}
+
+impl From<BTreeSet<String>> for KeySet {
+    fn from(keys: BTreeSet<String>) -> Self {
+        KeySet(keys.into_iter().collect())
+    }
+}
+
+impl IntoIterator for KeySet {
+    type Item = String;
+    type IntoIter = std::vec::IntoIter<String>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_vec().into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a KeySet {
+    type Item = &'a String;
+    type IntoIter = std::slice::Iter<'a, String>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
 }
 
 impl Selection {
     fn key(key: &str) -> Self {
-        Selection::Keys(BTreeSet::from([key.to_owned()]))
+        Selection::Keys(KeySet(Box::new([key.to_owned()])))
     }
 
     fn merge(&mut self, other: Selection) {

@@ -6,6 +6,7 @@
 //! grow with the size of Secrets and ConfigMaps.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::Value;
@@ -361,14 +362,21 @@ impl WorkloadEntry {
 /// References are same-namespace, so the reverse index is kept per namespace and names each
 /// dependent by kind and name only, in a sorted slice of exactly its length: most objects have
 /// one or two users, and a vector's spare room (four places at its first push) would cost more
-/// than the users themselves.
+/// than the users themselves. It is keyed by a 64-bit hash of the referenced object, not the
+/// object's name (a copy of the name per referenced object was a third of the index); the
+/// rare objects whose hashes collide share a slice, so every answer is checked against the
+/// dependents' own references.
 #[derive(Debug, Default)]
 pub struct WorkloadIndex {
     workloads: HashMap<WorkloadKey, WorkloadEntry>,
-    reverse: HashMap<String, HashMap<ObjectRef, Dependents>>,
+    reverse: HashMap<String, HashMap<u64, Dependents>>,
+    hasher: RandomState,
+    /// Every object gets the same key: the collisions' path, for tests.
+    #[cfg(test)]
+    collide: bool,
 }
 
-/// The users of one object: sorted, each once.
+/// The users of one object (or of objects whose hashes collide): sorted, each once.
 type Dependents = Box<[(WorkloadKindKey, Box<str>)]>;
 
 /// `users` with `dependent` added in order (unchanged when it is there).
@@ -392,15 +400,32 @@ fn without_dependent(users: &mut Dependents, dependent: (WorkloadKindKey, &str))
 }
 
 impl WorkloadIndex {
+    /// The reverse index's key of an object.
+    fn slot(&self, object: &ObjectRef) -> u64 {
+        #[cfg(test)]
+        if self.collide {
+            return 0;
+        }
+        self.hasher.hash_one(object)
+    }
+
+    /// The distinct reverse-index keys of a workload's references.
+    fn slots(&self, entry: &WorkloadEntry) -> Vec<u64> {
+        let mut slots: Vec<u64> = entry.refs.iter().map(|(r, _)| self.slot(r)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    }
+
     /// Records a workload, replacing what was known of it.
     pub fn upsert(&mut self, key: WorkloadKey, mut entry: WorkloadEntry) {
         self.unlink(&key);
         entry.refs.shrink_to_fit();
         if !entry.refs.is_empty() {
+            let slots = self.slots(&entry);
             let objects = self.reverse.entry(key.namespace.clone()).or_default();
-            for (r, _) in entry.refs.iter() {
-                let users = objects.entry(r.clone()).or_default();
-                with_dependent(users, (key.kind, &key.name));
+            for slot in slots {
+                with_dependent(objects.entry(slot).or_default(), (key.kind, &key.name));
             }
         }
         self.workloads.insert(key, entry);
@@ -416,20 +441,49 @@ impl WorkloadIndex {
         let Some(old) = self.workloads.get(key) else {
             return;
         };
+        let slots = self.slots(old);
         let Some(objects) = self.reverse.get_mut(&key.namespace) else {
             return;
         };
-        for (r, _) in old.refs.iter() {
-            if let Some(users) = objects.get_mut(r) {
+        for slot in slots {
+            if let Some(users) = objects.get_mut(&slot) {
                 without_dependent(users, (key.kind, &key.name));
                 if users.is_empty() {
-                    objects.remove(r);
+                    objects.remove(&slot);
                 }
             }
         }
         if objects.is_empty() {
             self.reverse.remove(&key.namespace);
         }
+    }
+
+    /// The dependents recorded under an object's key: its users, and those of any object whose
+    /// key collides with it.
+    fn candidates<'a>(
+        &'a self,
+        config: &'a ConfigKey,
+    ) -> impl Iterator<Item = &'a (WorkloadKindKey, Box<str>)> + 'a {
+        let (namespace, object) = config;
+        self.reverse
+            .get(namespace)
+            .and_then(|objects| objects.get(&self.slot(object)))
+            .into_iter()
+            .flatten()
+    }
+
+    /// Whether the workload `(kind, name)` of the object's namespace references the object.
+    fn uses(&self, config: &ConfigKey, kind: WorkloadKindKey, name: &str) -> bool {
+        let (namespace, object) = config;
+        // A lookup by borrowed parts would need the key's own type; the candidates are few.
+        let key = WorkloadKey {
+            kind,
+            namespace: namespace.clone(),
+            name: name.to_owned(),
+        };
+        self.workloads
+            .get(&key)
+            .is_some_and(|e| e.refs.get(object).is_some())
     }
 
     pub fn get(&self, key: &WorkloadKey) -> Option<&WorkloadEntry> {
@@ -446,23 +500,23 @@ impl WorkloadIndex {
         config: &'a ConfigKey,
     ) -> impl Iterator<Item = WorkloadKey> + 'a {
         let (namespace, object) = config;
-        self.reverse
-            .get(namespace)
-            .and_then(|objects| objects.get(object))
-            .into_iter()
-            .flatten()
+        self.candidates(config)
             .map(move |(kind, name)| WorkloadKey {
                 kind: *kind,
                 namespace: namespace.clone(),
                 name: name.to_string(),
             })
+            .filter(move |key| {
+                self.workloads
+                    .get(key)
+                    .is_some_and(|e| e.refs.get(object).is_some())
+            })
     }
 
     /// Whether any workload references the object.
     pub fn is_referenced(&self, config: &ConfigKey) -> bool {
-        self.reverse
-            .get(&config.0)
-            .is_some_and(|objects| objects.contains_key(&config.1))
+        self.candidates(config)
+            .any(|(kind, name)| self.uses(config, *kind, name))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&WorkloadKey, &WorkloadEntry)> {
@@ -512,6 +566,51 @@ mod tests {
             },
             "spec": {"template": {"spec": {"containers": [{"name": "app"}]}}},
         })
+    }
+
+    fn using(names: &[&str]) -> WorkloadEntry {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        WorkloadEntry::from_object(WorkloadKind::Deployment, &deployment(&names))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn dependents_are_exact_even_when_every_object_shares_a_key() {
+        for collide in [false, true] {
+            let mut index = WorkloadIndex {
+                collide,
+                ..WorkloadIndex::default()
+            };
+            let key = |name: &str| WorkloadKey::new(WorkloadKind::Deployment, "shop", name);
+            let object = |name: &str| {
+                (
+                    "shop".to_owned(),
+                    ObjectRef::new(ObjectKind::ConfigMap, name),
+                )
+            };
+            let names = |index: &WorkloadIndex, object: &ConfigKey| -> Vec<String> {
+                index.dependents(object).map(|k| k.name).collect()
+            };
+            index.upsert(key("web"), using(&["a", "b"]));
+            index.upsert(key("api"), using(&["b"]));
+            index.upsert(key("job"), using(&["c"]));
+            assert_eq!(names(&index, &object("a")), ["web"], "collide: {collide}");
+            assert_eq!(names(&index, &object("b")), ["api", "web"]);
+            assert_eq!(names(&index, &object("c")), ["job"]);
+            assert!(names(&index, &object("d")).is_empty());
+            assert!(index.is_referenced(&object("a")) && !index.is_referenced(&object("d")));
+            // web stops using b; api is deleted; job moves to a.
+            index.upsert(key("web"), using(&["a"]));
+            assert!(index.remove(&key("api")));
+            index.upsert(key("job"), using(&["a"]));
+            assert_eq!(names(&index, &object("a")), ["job", "web"]);
+            assert!(names(&index, &object("b")).is_empty() && !index.is_referenced(&object("b")));
+            assert!(!index.is_referenced(&object("c")));
+            index.remove(&key("web"));
+            index.remove(&key("job"));
+            assert!(index.reverse.is_empty(), "nothing left behind");
+        }
     }
 
     #[test]
