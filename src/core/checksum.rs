@@ -270,12 +270,7 @@ struct Packer {
 
 impl Packer {
     fn push(&mut self, key: &str, tag: Tag, digest: &ValueDigest) {
-        let mut len = key.len();
-        while len >= 0x80 {
-            self.buf.push((len & 0x7f) as u8 | 0x80);
-            len >>= 7;
-        }
-        self.buf.push(len as u8);
+        push_len(&mut self.buf, key.len());
         self.buf.extend_from_slice(key.as_bytes());
         self.buf.push(match tag {
             Tag::Data => 0,
@@ -292,16 +287,24 @@ impl Packer {
     }
 }
 
-/// Walks a packed digest. Only [`Packer`] writes the bytes, so they are well formed; a short
-/// read ends the walk rather than panicking.
+/// Appends `len` as 7-bit groups, low first, the high bit set on all but the last.
+fn push_len(buf: &mut Vec<u8>, mut len: usize) {
+    while len >= 0x80 {
+        buf.push((len & 0x7f) as u8 | 0x80);
+        len >>= 7;
+    }
+    buf.push(len as u8);
+}
+
+/// Walks a packed digest. Only [`Packer`] and [`NamedDigest::new`] write the bytes, so they are
+/// well formed; a short read ends the walk rather than panicking.
 struct PackedEntries<'a> {
     rest: &'a [u8],
 }
 
-impl<'a> Iterator for PackedEntries<'a> {
-    type Item = (&'a str, Tag, &'a ValueDigest);
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl<'a> PackedEntries<'a> {
+    /// A length-prefixed string ([`push_len`]), consumed.
+    fn read_str(&mut self) -> Option<&'a str> {
         let mut len = 0usize;
         let mut shift = 0;
         let mut i = 0;
@@ -315,15 +318,38 @@ impl<'a> Iterator for PackedEntries<'a> {
             shift += 7;
         }
         let rest = &self.rest[i..];
-        let key = std::str::from_utf8(rest.get(..len)?).ok()?;
-        let tag = match *rest.get(len)? {
+        let text = std::str::from_utf8(rest.get(..len)?).ok()?;
+        self.rest = &rest[len..];
+        Some(text)
+    }
+}
+
+impl<'a> Iterator for PackedEntries<'a> {
+    type Item = (&'a str, Tag, &'a ValueDigest);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let key = self.read_str()?;
+        let rest = self.rest;
+        let tag = match *rest.first()? {
             0 => Tag::Data,
             _ => Tag::BinaryData,
         };
-        let digest: &ValueDigest = rest.get(len + 1..len + 33)?.try_into().ok()?;
-        self.rest = &rest[len + 33..];
+        let digest: &ValueDigest = rest.get(1..33)?.try_into().ok()?;
+        self.rest = &rest[33..];
         Some((key, tag, digest))
     }
+}
+
+/// The entry of `key` among sorted entries.
+fn find(entries: PackedEntries<'_>, key: &str) -> Option<(Tag, ValueDigest)> {
+    for (k, t, d) in entries {
+        match k.cmp(key) {
+            std::cmp::Ordering::Less => continue,
+            std::cmp::Ordering::Equal => return Some((t, *d)),
+            std::cmp::Ordering::Greater => return None,
+        }
+    }
+    None
 }
 
 impl Entries for ObjectDigest {
@@ -334,18 +360,90 @@ impl Entries for ObjectDigest {
     }
 
     fn entry(&self, key: &str) -> Option<(Tag, ValueDigest)> {
-        for (k, t, d) in self.iter() {
-            match k.cmp(key) {
-                std::cmp::Ordering::Less => continue,
-                std::cmp::Ordering::Equal => return Some((t, *d)),
-                std::cmp::Ordering::Greater => return None,
-            }
-        }
-        None
+        find(self.iter(), key)
     }
 
     fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+/// An object's name and its [`ObjectDigest`] in one allocation: the watcher keeps one per
+/// ConfigMap and Secret it watches, and a separate name would cost a second allocation each.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NamedDigest {
+    /// The name, length-prefixed as the packed keys are, then the packed entries.
+    packed: Box<[u8]>,
+    bytes: u64,
+}
+
+impl NamedDigest {
+    pub fn new(name: &str, digest: &ObjectDigest) -> Self {
+        let mut buf = Vec::with_capacity(name.len() + 2 + digest.packed.len());
+        push_len(&mut buf, name.len());
+        buf.extend_from_slice(name.as_bytes());
+        buf.extend_from_slice(&digest.packed);
+        NamedDigest {
+            packed: buf.into_boxed_slice(),
+            bytes: digest.bytes,
+        }
+    }
+
+    /// (the name, the packed entries after it).
+    fn split(&self) -> (&str, &[u8]) {
+        let mut rest = PackedEntries { rest: &self.packed };
+        match rest.read_str() {
+            Some(name) => (name, rest.rest),
+            None => ("", &[]),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.split().0
+    }
+
+    /// Whether `digest` holds the same entries and byte count.
+    pub fn same_digest(&self, digest: &ObjectDigest) -> bool {
+        self.bytes == digest.bytes && self.split().1 == &*digest.packed
+    }
+
+    /// The digest alone, as a copy.
+    pub fn digest(&self) -> ObjectDigest {
+        ObjectDigest {
+            packed: self.split().1.into(),
+            bytes: self.bytes,
+        }
+    }
+
+    fn iter(&self) -> PackedEntries<'_> {
+        PackedEntries {
+            rest: self.split().1,
+        }
+    }
+}
+
+impl Entries for NamedDigest {
+    fn for_each_entry(&self, f: &mut dyn FnMut(&str, Tag, &ValueDigest)) {
+        for (k, t, d) in self.iter() {
+            f(k, t, d);
+        }
+    }
+
+    fn entry(&self, key: &str) -> Option<(Tag, ValueDigest)> {
+        find(self.iter(), key)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl fmt::Debug for NamedDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamedDigest")
+            .field("name", &self.name())
+            .field("digest", &self.digest())
+            .finish()
     }
 }
 

@@ -7,11 +7,13 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::num::NonZeroU64;
 
+use hashbrown::HashTable;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::Value;
 
-use crate::core::checksum::{RecipeError, RefState, StampKey};
+use crate::core::checksum::{NamedDigest, RecipeError, RefState, StampKey};
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References};
 use crate::core::rules::{self, Lookup};
@@ -42,11 +44,6 @@ impl StoredConfig {
             record: ObjectRecord::secret(secret),
         }
     }
-
-    /// Whether the recipe sees a difference between the two.
-    fn same_inputs(&self, other: &StoredConfig) -> bool {
-        self.record == other.record
-    }
 }
 
 fn resource_version(rv: Option<&str>) -> Box<str> {
@@ -63,14 +60,77 @@ pub fn is_older(rv: &str, held: &str) -> bool {
 }
 
 /// The digests of every watched ConfigMap and Secret, by namespace.
-#[derive(Debug, Default)]
+///
+/// There are far more of these than of anything else the watcher keeps (150,000 in a big
+/// cluster), so each is kept in 40 bytes beside one allocation of its name and digests
+/// ([`Held`]), in a hash table per namespace found by kind and name.
+#[derive(Default)]
 pub struct ConfigStore {
-    namespaces: HashMap<String, HashMap<ObjectRef, StoredConfig>>,
+    namespaces: HashMap<String, HashTable<Held>>,
+    hasher: RandomState,
     config_maps: usize,
     secrets: usize,
 }
 
+impl std::fmt::Debug for ConfigStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigStore")
+            .field("config_maps", &self.config_maps)
+            .field("secrets", &self.secrets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the store keeps of one object: [`StoredConfig`] with the name inside the digests'
+/// allocation and the resourceVersion as a number.
+#[derive(Debug)]
+struct Held {
+    named: NamedDigest,
+    /// The resourceVersion as an etcd revision; None when it is not a decimal number above 0,
+    /// and then no arrival is refused as older than it.
+    resource_version: Option<NonZeroU64>,
+    kind: ObjectKind,
+    ignored: bool,
+}
+
+impl Held {
+    fn new(name: &str, kind: ObjectKind, config: &StoredConfig) -> Self {
+        Held {
+            named: NamedDigest::new(name, &config.record.digest),
+            resource_version: revision(&config.resource_version),
+            kind,
+            ignored: config.record.ignored,
+        }
+    }
+
+    fn is(&self, kind: ObjectKind, name: &str) -> bool {
+        self.kind == kind && self.named.name() == name
+    }
+
+    fn stored(&self) -> StoredConfig {
+        StoredConfig {
+            resource_version: self
+                .resource_version
+                .map(|rv| rv.to_string())
+                .unwrap_or_default()
+                .into(),
+            record: ObjectRecord {
+                ignored: self.ignored,
+                digest: self.named.digest(),
+            },
+        }
+    }
+}
+
+fn revision(rv: &str) -> Option<NonZeroU64> {
+    rv.parse().ok()
+}
+
 impl ConfigStore {
+    fn hash(&self, kind: ObjectKind, name: &str) -> u64 {
+        self.hasher.hash_one((kind, name))
+    }
+
     /// Records an object's state. True when the recipe's inputs changed: a new object, new
     /// content, or the ignore annotation added or removed (metadata-only writes are false).
     ///
@@ -81,24 +141,40 @@ impl ConfigStore {
     pub fn upsert(&mut self, key: ConfigKey, config: StoredConfig) -> bool {
         let (namespace, object) = key;
         let kind = object.kind;
+        let hash = self.hash(kind, &object.name);
+        let hasher = &self.hasher;
         let objects = self.namespaces.entry(namespace).or_default();
-        match objects.get_mut(&object) {
-            Some(old) if is_older(&config.resource_version, &old.resource_version) => {
-                tracing::debug!(
-                    name = %object.name,
-                    resource_version = %config.resource_version,
-                    held = %old.resource_version,
-                    "an older state of a ConfigMap or Secret; ignored"
-                );
-                false
-            }
-            Some(old) => {
-                let changed = !old.same_inputs(&config);
-                *old = config;
+        let entry = objects.entry(
+            hash,
+            |h| h.is(kind, &object.name),
+            |h| hasher.hash_one((h.kind, h.named.name())),
+        );
+        match entry {
+            hashbrown::hash_table::Entry::Occupied(mut held) => {
+                let old = held.get_mut();
+                let rv = revision(&config.resource_version);
+                if let (Some(rv), Some(held_rv)) = (rv, old.resource_version)
+                    && rv < held_rv
+                {
+                    tracing::debug!(
+                        name = %object.name,
+                        resource_version = %config.resource_version,
+                        held = %held_rv,
+                        "an older state of a ConfigMap or Secret; ignored"
+                    );
+                    return false;
+                }
+                let changed = old.ignored != config.record.ignored
+                    || !old.named.same_digest(&config.record.digest);
+                if changed {
+                    *old = Held::new(&object.name, kind, &config);
+                } else {
+                    old.resource_version = rv;
+                }
                 changed
             }
-            None => {
-                objects.insert(object, config);
+            hashbrown::hash_table::Entry::Vacant(place) => {
+                place.insert(Held::new(&object.name, kind, &config));
                 *self.count_mut(kind) += 1;
                 true
             }
@@ -108,10 +184,17 @@ impl ConfigStore {
     /// Forgets an object. True when it was known.
     pub fn remove(&mut self, key: &ConfigKey) -> bool {
         let (namespace, object) = key;
+        let hash = self.hash(object.kind, &object.name);
         let Some(objects) = self.namespaces.get_mut(namespace) else {
             return false;
         };
-        let removed = objects.remove(object).is_some();
+        let removed = match objects.find_entry(hash, |h| h.is(object.kind, &object.name)) {
+            Ok(held) => {
+                held.remove();
+                true
+            }
+            Err(_) => false,
+        };
         if objects.is_empty() {
             self.namespaces.remove(namespace);
         }
@@ -121,31 +204,40 @@ impl ConfigStore {
         removed
     }
 
-    pub fn get(&self, key: &ConfigKey) -> Option<&StoredConfig> {
-        self.namespaces.get(&key.0)?.get(&key.1)
+    fn held(&self, namespace: &str, object: &ObjectRef) -> Option<&Held> {
+        let hash = self.hash(object.kind, &object.name);
+        self.namespaces
+            .get(namespace)?
+            .find(hash, |h| h.is(object.kind, &object.name))
+    }
+
+    /// A copy of what is held of an object.
+    pub fn get(&self, key: &ConfigKey) -> Option<StoredConfig> {
+        self.held(&key.0, &key.1).map(Held::stored)
     }
 
     /// What the recipe sees of an object.
     pub fn state(&self, namespace: &str, object: &ObjectRef) -> RefState<'_> {
-        crate::core::record::state_of(
-            self.namespaces
-                .get(namespace)
-                .and_then(|o| o.get(object))
-                .map(|c| &c.record),
-        )
+        match self.held(namespace, object) {
+            None => RefState::Absent,
+            Some(h) if h.ignored => RefState::Ignored,
+            Some(h) => RefState::Present(&h.named),
+        }
     }
 
-    /// Every object's key, for re-list comparisons.
-    pub fn keys(&self) -> impl Iterator<Item = (&str, &ObjectRef)> {
-        self.namespaces
-            .iter()
-            .flat_map(|(ns, objects)| objects.keys().map(move |o| (ns.as_str(), o)))
+    /// Every object's key as (namespace, kind, name), for re-list comparisons.
+    pub fn keys(&self) -> impl Iterator<Item = (&str, ObjectKind, &str)> {
+        self.namespaces.iter().flat_map(|(ns, objects)| {
+            objects
+                .iter()
+                .map(move |h| (ns.as_str(), h.kind, h.named.name()))
+        })
     }
 
     /// Drops every object of a namespace (opted out, or deleted).
     pub fn remove_namespace(&mut self, namespace: &str) {
-        for object in self.namespaces.remove(namespace).into_iter().flatten() {
-            *self.count_mut(object.0.kind) -= 1;
+        for held in self.namespaces.remove(namespace).into_iter().flatten() {
+            *self.count_mut(held.kind) -= 1;
         }
     }
 
@@ -376,26 +468,55 @@ pub struct WorkloadIndex {
     collide: bool,
 }
 
-/// The users of one object (or of objects whose hashes collide): sorted, each once.
-type Dependents = Box<[(WorkloadKindKey, Box<str>)]>;
-
-/// `users` with `dependent` added in order (unchanged when it is there).
-fn with_dependent(users: &mut Dependents, dependent: (WorkloadKindKey, &str)) {
-    if let Err(i) = users.binary_search_by(|(k, n)| (*k, &**n).cmp(&dependent)) {
-        let mut grown = Vec::with_capacity(users.len() + 1);
-        grown.extend(users[..i].iter().cloned());
-        grown.push((dependent.0, Box::from(dependent.1)));
-        grown.extend(users[i..].iter().cloned());
-        *users = grown.into_boxed_slice();
-    }
+/// The users of one object (or of objects whose hashes collide): sorted, each once. Most
+/// objects have one user, kept in place; more take a slice of exactly their number.
+#[derive(Debug)]
+enum Dependents {
+    One(Dependent),
+    Many(Box<[Dependent]>),
 }
 
-/// `users` without `dependent`.
-fn without_dependent(users: &mut Dependents, dependent: (WorkloadKindKey, &str)) {
-    if let Ok(i) = users.binary_search_by(|(k, n)| (*k, &**n).cmp(&dependent)) {
-        let mut kept = std::mem::take(users).into_vec();
+type Dependent = (WorkloadKindKey, Box<str>);
+
+impl Dependents {
+    fn as_slice(&self) -> &[Dependent] {
+        match self {
+            Dependents::One(one) => std::slice::from_ref(one),
+            Dependents::Many(many) => many,
+        }
+    }
+
+    fn search(&self, dependent: (WorkloadKindKey, &str)) -> Result<usize, usize> {
+        self.as_slice()
+            .binary_search_by(|(k, n)| (*k, &**n).cmp(&dependent))
+    }
+
+    /// With `dependent` added in order (unchanged when it is there).
+    fn add(&mut self, dependent: (WorkloadKindKey, &str)) {
+        if let Err(i) = self.search(dependent) {
+            let mut grown: Vec<Dependent> = Vec::with_capacity(self.as_slice().len() + 1);
+            grown.extend_from_slice(&self.as_slice()[..i]);
+            grown.push((dependent.0, Box::from(dependent.1)));
+            grown.extend_from_slice(&self.as_slice()[i..]);
+            *self = Dependents::Many(grown.into_boxed_slice());
+        }
+    }
+
+    /// Without `dependent`; None when no user is left.
+    fn without(self, dependent: (WorkloadKindKey, &str)) -> Option<Dependents> {
+        let Ok(i) = self.search(dependent) else {
+            return Some(self);
+        };
+        let mut kept = match self {
+            Dependents::One(_) => return None,
+            Dependents::Many(many) => many.into_vec(),
+        };
         kept.remove(i);
-        *users = kept.into_boxed_slice();
+        match kept.len() {
+            0 => None,
+            1 => kept.pop().map(Dependents::One),
+            _ => Some(Dependents::Many(kept.into_boxed_slice())),
+        }
     }
 }
 
@@ -425,7 +546,15 @@ impl WorkloadIndex {
             let slots = self.slots(&entry);
             let objects = self.reverse.entry(key.namespace.clone()).or_default();
             for slot in slots {
-                with_dependent(objects.entry(slot).or_default(), (key.kind, &key.name));
+                let dependent = (key.kind, &*key.name);
+                match objects.entry(slot) {
+                    std::collections::hash_map::Entry::Occupied(mut users) => {
+                        users.get_mut().add(dependent)
+                    }
+                    std::collections::hash_map::Entry::Vacant(place) => {
+                        place.insert(Dependents::One((key.kind, Box::from(&*key.name))));
+                    }
+                }
             }
         }
         self.workloads.insert(key, entry);
@@ -446,11 +575,10 @@ impl WorkloadIndex {
             return;
         };
         for slot in slots {
-            if let Some(users) = objects.get_mut(&slot) {
-                without_dependent(users, (key.kind, &key.name));
-                if users.is_empty() {
-                    objects.remove(&slot);
-                }
+            if let Some(users) = objects.remove(&slot)
+                && let Some(left) = users.without((key.kind, &key.name))
+            {
+                objects.insert(slot, left);
             }
         }
         if objects.is_empty() {
@@ -468,6 +596,7 @@ impl WorkloadIndex {
         self.reverse
             .get(namespace)
             .and_then(|objects| objects.get(&self.slot(object)))
+            .map(Dependents::as_slice)
             .into_iter()
             .flatten()
     }

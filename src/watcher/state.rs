@@ -629,8 +629,10 @@ impl State {
                 let gone: Vec<ConfigKey> = self
                     .configs
                     .keys()
-                    .filter(|(ns, r)| r.kind == kind && scope.as_deref().is_none_or(|s| s == *ns))
-                    .map(|(ns, r)| (ns.to_owned(), r.clone()))
+                    .filter(|(ns, k, _)| *k == kind && scope.as_deref().is_none_or(|s| s == *ns))
+                    .map(|(ns, k, name)| {
+                        (ns.to_owned(), crate::core::refs::ObjectRef::new(k, name))
+                    })
                     .filter(|k| !seen.contains(k))
                     .collect();
                 for key in gone {
@@ -1464,7 +1466,7 @@ impl State {
                 for (config, stored) in configs {
                     tracing::debug!(workload = %key, object = %config.1,
                         resource_version = stored.as_ref().map_or("(absent)", |s| &*s.resource_version),
-                        held = self.configs.get(&config).map_or("(none)", |s| &*s.resource_version),
+                        held = self.configs.get(&config).map_or_else(|| "(none)".into(), |s| s.resource_version),
                         "read afresh before a touch");
                     self.config(config, stored, now);
                 }
