@@ -93,7 +93,7 @@ fn counts_follow_every_insert_and_removal_per_kind() {
     assert!(store.has_namespace("a"));
     assert_eq!(store.count(ObjectKind::ConfigMap), 2);
     assert_eq!(store.count(ObjectKind::Secret), 1);
-    assert!(store.keys().all(|(ns, _)| ns == "a"));
+    assert!(store.keys().all(|(ns, _, _)| ns == "a"));
 
     // The last object of a namespace takes the namespace with it.
     store.remove(&cm_key("a", "cm-0"));
