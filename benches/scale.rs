@@ -162,7 +162,7 @@ impl Sim {
                     let read = configs
                         .into_iter()
                         .map(|k| {
-                            let stored = self.store.get(&k).cloned();
+                            let stored = self.store.get(&k);
                             (k, stored)
                         })
                         .collect();
