@@ -8,9 +8,11 @@
 //!   Helm release records (Secrets of type `helm.sh/release.v1`, about 500 KiB each), ConfigMaps
 //!   and Deployments (16 requests in flight).
 //! - `watcher`: `confighash::watcher::run_with_secret_page_size` (leader, default
-//!   `WatcherConfig` with a long resync; Secret pages of `watcher::SECRET_PAGE_SIZE` unless the
-//!   parent says otherwise) until `confighash_watcher_cache_synced 1`, then a few seconds of
-//!   steady state, then VmRSS and VmHWM from `/proc/self/status`.
+//!   `WatcherConfig` with a long resync) until `confighash_watcher_cache_synced 1`, then a few
+//!   seconds of steady state, then VmRSS and VmHWM from `/proc/self/status`. Its lists are
+//!   streaming lists, which both servers serve; the Secret page size
+//!   (`watcher::SECRET_PAGE_SIZE` unless the parent says otherwise) applies only where a server
+//!   refuses them.
 //! - `reflector`: the baseline, kube-runtime reflectors (`reflector::store()` writers, default
 //!   `watcher::Config`) for Secrets, ConfigMaps and Deployments, as Reloader/Wave-style controllers
 //!   keep them; same readings.
@@ -596,7 +598,7 @@ fn variants(exe: &Path, mode: Mode) -> Vec<Variant> {
     let mut variants: Vec<Variant> = pages
         .into_iter()
         .map(|p| Variant {
-            label: format!("confighash watcher, Secret page {p}"),
+            label: format!("confighash watcher (streaming lists; Secret page {p} if paged)"),
             exe: exe.to_owned(),
             secret_page: Some(p),
         })
