@@ -344,6 +344,22 @@ async fn a_dropped_watch_and_410_during_a_change_still_roll_once() {
     assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
 }
 
+/// Every new watch fails until the faults are cleared, the open ones are closed, `app-env`
+/// changes and history is compacted past the change: the next watch gets 410 and lists again.
+/// Returns once a watch was refused after the change, the faults still in place.
+async fn change_while_the_watches_are_down(env: &Env) {
+    env.api().fail_next(Some("watch"), None, u32::MAX, 500);
+    env.api().close_watches();
+    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
+        .await;
+    env.api().compact();
+    let refused = env.api().injected_faults().len();
+    env.eventually("a watch refused after the change", || async {
+        env.api().injected_faults().len() > refused
+    })
+    .await;
+}
+
 /// The watches go down, a change is made while they are down, and history is compacted past
 /// it: the watcher's next watch gets 410 Gone and lists again, and only that list carries the
 /// change. It rolls once, with one touch.
@@ -360,17 +376,7 @@ async fn a_change_made_while_the_watches_are_down_is_carried_by_the_relist() {
     shop(&env).await;
     let touched = env.metrics.touches("touched");
 
-    // Every new watch fails until the faults are cleared; then the open ones are closed.
-    env.api().fail_next(Some("watch"), None, u32::MAX, 500);
-    env.api().close_watches();
-    env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
-        .await;
-    env.api().compact();
-    let refused = env.api().injected_faults().len();
-    env.eventually("a watch refused after the change", || async {
-        env.api().injected_faults().len() > refused
-    })
-    .await;
+    change_while_the_watches_are_down(&env).await;
     assert_eq!(
         env.rollouts(NS, "Deployment", "web").await,
         0,
@@ -425,16 +431,7 @@ async fn the_watcher_streams_its_lists_and_pages_them_where_the_server_cannot_st
             assert!(config_maps >= 1 && secrets >= 1, "listed in pages");
         }
 
-        env.api().fail_next(Some("watch"), None, u32::MAX, 500);
-        env.api().close_watches();
-        env.config_map(NS, "app-env", &[("LOG_LEVEL", "debug")])
-            .await;
-        env.api().compact();
-        let refused = env.api().injected_faults().len();
-        env.eventually("a watch refused after the change", || async {
-            env.api().injected_faults().len() > refused
-        })
-        .await;
+        change_while_the_watches_are_down(&env).await;
         env.api().clear_faults();
         env.wait_rollouts(NS, "Deployment", "web", 1).await;
         env.barrier(NS).await;
