@@ -50,15 +50,6 @@ fn resource_version(rv: Option<&str>) -> Box<str> {
     rv.unwrap_or_default().into()
 }
 
-/// Whether `rv` is an older resourceVersion than `held`, both read as etcd revisions (decimal
-/// numbers); false when either is not one, since nothing can then be said.
-pub fn is_older(rv: &str, held: &str) -> bool {
-    match (rv.parse::<u64>(), held.parse::<u64>()) {
-        (Ok(rv), Ok(held)) => rv < held,
-        _ => false,
-    }
-}
-
 /// The digests of every watched ConfigMap and Secret, by namespace.
 ///
 /// There are far more of these than of anything else the watcher keeps (150,000 in a big
@@ -452,9 +443,9 @@ impl WorkloadEntry {
 /// Every watched workload and the reverse index reference -> workloads.
 ///
 /// References are same-namespace, so the reverse index is kept per namespace and names each
-/// dependent by kind and name only, in a sorted slice of exactly its length: most objects have
-/// one or two users, and a vector's spare room (four places at its first push) would cost more
-/// than the users themselves. It is keyed by a 64-bit hash of the referenced object, not the
+/// dependent by kind and name only ([`Dependents`]: most objects have one or two users, and a
+/// vector's spare room, four places at its first push, would cost more than the users
+/// themselves). It is keyed by a 64-bit hash of the referenced object, not the
 /// object's name (a copy of the name per referenced object was a third of the index); the
 /// rare objects whose hashes collide share a slice, so every answer is checked against the
 /// dependents' own references.
@@ -804,6 +795,9 @@ mod tests {
         assert!(store.upsert(key.clone(), config_map_at("31", "C")));
         // resourceVersions that are not numbers cannot be compared: the arrival is taken.
         assert!(store.upsert(key.clone(), config_map_at("x", "D")));
-        assert!(is_older("9", "10") && !is_older("10", "9") && !is_older("a", "10"));
+        assert!(
+            store.upsert(key.clone(), config_map_at("9", "E")),
+            "nor with one that is not"
+        );
     }
 }
