@@ -1313,3 +1313,35 @@ fn workload_labelled_enabled_true_is_opted_in_and_only_exactly_true() {
     obj["spec"]["template"]["metadata"]["labels"]["confighash.dev/enabled"] = json!("true");
     assert!(!workload_info(WorkloadKind::Deployment, &obj).opted_in);
 }
+
+/// A review may name one object's keys thousands of times (a 7 MiB body holds about 100,000
+/// `env` entries): each is merged into one set, kept once and in byte order, and a set kept a
+/// long time holds the same keys.
+#[test]
+fn many_key_references_to_one_object_merge_into_one_ordered_set() {
+    let n = 20_000;
+    let env: Vec<Value> = (0..n)
+        .rev()
+        .map(|i| json!({"name": format!("E{i}"), "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": format!("k{}", i % (n / 2))}}}))
+        .collect();
+    let spec: PodSpec =
+        serde_json::from_value(json!({"containers": [{"name": "app", "env": env}]})).unwrap();
+    let mut refs = refs::discover(&spec, None);
+    let mut expected: Vec<String> = (0..n / 2).map(|i| format!("k{i}")).collect();
+    expected.sort();
+    let keys_of = |refs: &References| match &refs.get(&ObjectRef::new(CM, "cfg")).unwrap().selection
+    {
+        Selection::Keys(keys) => keys.iter().cloned().collect::<Vec<_>>(),
+        Selection::Whole => panic!("a key selection"),
+    };
+    assert_eq!(keys_of(&refs), expected);
+    let before = refs.clone();
+    refs.shrink_to_fit();
+    assert_eq!(refs, before, "the same references once kept");
+    assert_eq!(keys_of(&refs), expected);
+    let Selection::Keys(keys) = &refs.get(&ObjectRef::new(CM, "cfg")).unwrap().selection else {
+        unreachable!()
+    };
+    assert!(keys.contains("k0") && keys.contains(&format!("k{}", n / 2 - 1)));
+    assert!(!keys.contains("k") && keys.len() == n / 2);
+}

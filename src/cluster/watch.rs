@@ -41,14 +41,14 @@ pub fn events<K>(
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let streaming = watcher::watcher(api.clone(), paged.clone().streaming_lists()).boxed();
-    let state = (Source::Streaming(streaming), Some((api, paged)));
-    futures::stream::unfold(state, |(mut source, mut fallback)| async move {
+    let streaming: BoxStream<'static, _> =
+        watcher::watcher(api.clone(), paged.clone().streaming_lists()).boxed();
+    // The paged watch to fall back to, until it is taken: while it is here, the lists stream.
+    let state = (streaming, Some((api, paged)));
+    futures::stream::unfold(state, |(mut events, mut fallback)| async move {
         loop {
-            let item = match &mut source {
-                Source::Streaming(s) | Source::Paged(s) => s.next().await?,
-            };
-            if let (Source::Streaming(_), Err(e)) = (&source, &item)
+            let item = events.next().await?;
+            if let Err(e) = &item
                 && refuses_watch_lists(e)
                 && let Some((api, paged)) = fallback.take()
             {
@@ -57,18 +57,12 @@ where
                     error = %crate::cluster::redact::watcher_error(e),
                     "the API server does not serve streaming lists; listing in pages"
                 );
-                source = Source::Paged(watcher::watcher(api, paged).boxed());
+                events = watcher::watcher(api, paged).boxed();
                 continue;
             }
-            return Some((item, (source, fallback)));
+            return Some((item, (events, fallback)));
         }
     })
-}
-
-/// Where a watch's events come from.
-enum Source<K> {
-    Streaming(BoxStream<'static, Result<Event<K>, watcher::Error>>),
-    Paged(BoxStream<'static, Result<Event<K>, watcher::Error>>),
 }
 
 /// Whether the API server refused a watch that asked for a streaming list as not valid for it:

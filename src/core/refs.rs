@@ -61,44 +61,106 @@ pub enum Selection {
     Keys(KeySet),
 }
 
-/// Keys of an object, each once, in byte order (the recipe's): a sorted slice of exactly its
-/// length. The watcher keeps one per key-level reference of every workload, and most hold one
-/// key: a `BTreeSet` would take a node of room for eleven (about 280 bytes) for it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KeySet(Box<[String]>);
+/// Keys of an object, each once, in byte order (the recipe's).
+///
+/// Built as a `BTreeSet`, so that a review naming one object's keys thousands of times merges
+/// them in O(log n) each; [`KeySet::compact`] turns it into a sorted slice of exactly its
+/// length for keeping (the watcher keeps one per key-level reference of every workload, most
+/// with one key, for which a `BTreeSet` takes a node of room for eleven, about 280 bytes).
+#[derive(Clone)]
+pub struct KeySet(Keys);
+
+#[derive(Clone)]
+enum Keys {
+    Set(BTreeSet<String>),
+    Slice(Box<[String]>),
+}
+
+/// The keys of a [`KeySet`], in order.
+pub enum Iter<'a> {
+    Set(std::collections::btree_set::Iter<'a, String>),
+    Slice(std::slice::Iter<'a, String>),
+}
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = &'a String;
+
+    fn next(&mut self) -> Option<&'a String> {
+        match self {
+            Iter::Set(i) => i.next(),
+            Iter::Slice(i) => i.next(),
+        }
+    }
+}
 
 impl KeySet {
-    pub fn iter(&self) -> std::slice::Iter<'_, String> {
-        self.0.iter()
+    pub fn iter(&self) -> Iter<'_> {
+        match &self.0 {
+            Keys::Set(set) => Iter::Set(set.iter()),
+            Keys::Slice(slice) => Iter::Slice(slice.iter()),
+        }
     }
 
     pub fn contains(&self, key: &str) -> bool {
-        self.0.binary_search_by(|k| k.as_str().cmp(key)).is_ok()
+        match &self.0 {
+            Keys::Set(set) => set.contains(key),
+            Keys::Slice(slice) => slice.binary_search_by(|k| k.as_str().cmp(key)).is_ok(),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        match &self.0 {
+            Keys::Set(set) => set.len(),
+            Keys::Slice(slice) => slice.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
+    }
+
+    /// The same keys in the least room, for a set kept a long time.
+    pub fn compact(&mut self) {
+        if let Keys::Set(set) = &mut self.0 {
+            self.0 = Keys::Slice(std::mem::take(set).into_iter().collect());
+        }
+    }
+}
+
+impl Default for KeySet {
+    fn default() -> Self {
+        KeySet(Keys::Set(BTreeSet::new()))
+    }
+}
+
+impl PartialEq for KeySet {
+    fn eq(&self, other: &KeySet) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for KeySet {}
+
+impl std::fmt::Debug for KeySet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
     }
 }
 
 impl FromIterator<String> for KeySet {
     fn from_iter<I: IntoIterator<Item = String>>(keys: I) -> Self {
-        let mut keys: Vec<String> = keys.into_iter().collect();
-        keys.sort_unstable();
-        keys.dedup();
-        KeySet(keys.into_boxed_slice())
+        KeySet(Keys::Set(keys.into_iter().collect()))
     }
 }
 
 impl Extend<String> for KeySet {
     fn extend<I: IntoIterator<Item = String>>(&mut self, keys: I) {
-        let mut all = std::mem::take(&mut self.0).into_vec();
-        all.extend(keys);
-        *self = all.into_iter().collect();
+        if let Keys::Slice(slice) = &mut self.0 {
+            self.0 = Keys::Set(std::mem::take(slice).into_vec().into_iter().collect());
+        }
+        if let Keys::Set(set) = &mut self.0 {
+            set.extend(keys);
+        }
     }
 }
 
@@ -110,7 +172,7 @@ impl<const N: usize> From<[String; N]> for KeySet {
 
 impl From<BTreeSet<String>> for KeySet {
     fn from(keys: BTreeSet<String>) -> Self {
-        KeySet(keys.into_iter().collect())
+        KeySet(Keys::Set(keys))
     }
 }
 
@@ -119,22 +181,25 @@ impl IntoIterator for KeySet {
     type IntoIter = std::vec::IntoIter<String>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_vec().into_iter()
+        match self.0 {
+            Keys::Set(set) => set.into_iter().collect::<Vec<_>>().into_iter(),
+            Keys::Slice(slice) => slice.into_vec().into_iter(),
+        }
     }
 }
 
 impl<'a> IntoIterator for &'a KeySet {
     type Item = &'a String;
-    type IntoIter = std::slice::Iter<'a, String>;
+    type IntoIter = Iter<'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.iter()
     }
 }
 
 impl Selection {
     fn key(key: &str) -> Self {
-        Selection::Keys(KeySet(Box::new([key.to_owned()])))
+        Selection::Keys(KeySet(Keys::Slice(Box::new([key.to_owned()]))))
     }
 
     fn merge(&mut self, other: Selection) {
@@ -244,6 +309,11 @@ impl References {
     pub fn shrink_to_fit(&mut self) {
         self.refs.shrink_to_fit();
         self.rejected.shrink_to_fit();
+        for (_, spec) in &mut self.refs {
+            if let Selection::Keys(keys) = &mut spec.selection {
+                keys.compact();
+            }
+        }
     }
 
     /// Names in the extra-reference annotations that are not valid object names, left out (the
