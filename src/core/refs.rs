@@ -72,7 +72,9 @@ pub struct KeySet(Keys);
 
 #[derive(Clone)]
 enum Keys {
-    Set(BTreeSet<String>),
+    /// Boxed, so that a kept set (the slice) takes no more room than a slice.
+    #[allow(clippy::box_collection)]
+    Set(Box<BTreeSet<String>>),
     Slice(Box<[String]>),
 }
 
@@ -122,14 +124,16 @@ impl KeySet {
     /// The same keys in the least room, for a set kept a long time.
     pub fn compact(&mut self) {
         if let Keys::Set(set) = &mut self.0 {
-            self.0 = Keys::Slice(std::mem::take(set).into_iter().collect());
+            self.0 = Keys::Slice(std::mem::take(&mut **set).into_iter().collect());
         }
     }
 }
 
+const _: () = assert!(std::mem::size_of::<KeySet>() == 16);
+
 impl Default for KeySet {
     fn default() -> Self {
-        KeySet(Keys::Set(BTreeSet::new()))
+        KeySet(Keys::Set(Box::default()))
     }
 }
 
@@ -149,14 +153,16 @@ impl std::fmt::Debug for KeySet {
 
 impl FromIterator<String> for KeySet {
     fn from_iter<I: IntoIterator<Item = String>>(keys: I) -> Self {
-        KeySet(Keys::Set(keys.into_iter().collect()))
+        KeySet(Keys::Set(Box::new(keys.into_iter().collect())))
     }
 }
 
 impl Extend<String> for KeySet {
     fn extend<I: IntoIterator<Item = String>>(&mut self, keys: I) {
         if let Keys::Slice(slice) = &mut self.0 {
-            self.0 = Keys::Set(std::mem::take(slice).into_vec().into_iter().collect());
+            self.0 = Keys::Set(Box::new(
+                std::mem::take(slice).into_vec().into_iter().collect(),
+            ));
         }
         if let Keys::Set(set) = &mut self.0 {
             set.extend(keys);
@@ -172,7 +178,7 @@ impl<const N: usize> From<[String; N]> for KeySet {
 
 impl From<BTreeSet<String>> for KeySet {
     fn from(keys: BTreeSet<String>) -> Self {
-        KeySet(Keys::Set(keys))
+        KeySet(Keys::Set(Box::new(keys)))
     }
 }
 
