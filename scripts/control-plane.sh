@@ -22,6 +22,12 @@
 # Where: CONFIGHASH_CONTROL_PLANE_DIR (default target/control-plane in the repository). Ports:
 # CONFIGHASH_CP_PORT_BASE (default 24700): etcd base+0 (client) and base+1 (peer), kube-apiserver
 # base+2, kube-controller-manager base+3, kube-scheduler base+4.
+#
+# The real-node tier (scripts/node.sh) runs the same control plane inside its own network
+# namespace, with CONFIGHASH_CP_ADDRESS (kube-apiserver's address, default 127.0.0.1; elsewhere
+# it also publishes itself as the kubernetes Service's endpoint), CONFIGHASH_CP_SERVICE_RANGE
+# (default 127.96.0.0/16) and CONFIGHASH_CP_KWOK=0 (no kwok and no fake nodes: real kubelets
+# register their nodes).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -33,11 +39,18 @@ ETCD_PEER_PORT=$((BASE + 1))
 API_PORT=$((BASE + 2))
 KCM_PORT=$((BASE + 3))
 SCHED_PORT=$((BASE + 4))
-SERVICE_RANGE=127.96.0.0/16
+ADDRESS="${CONFIGHASH_CP_ADDRESS:-127.0.0.1}"
+SERVICE_RANGE="${CONFIGHASH_CP_SERVICE_RANGE:-127.96.0.0/16}"
 POD_CIDR=127.128.0.0/16
 NODES=(kwok-node-0 kwok-node-1)
 # Start order; `down` stops them in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+KWOK="${CONFIGHASH_CP_KWOK:-1}"
+if [ "$KWOK" = 0 ]; then
+    COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+fi
+# The kubernetes Service's ClusterIP: the first address of the range.
+KUBERNETES_SERVICE_IP=$(python3 -c 'import ipaddress,sys; print(ipaddress.ip_network(sys.argv[1])[1])' "$SERVICE_RANGE")
 
 say() { echo "control-plane.sh: $*" >&2; }
 fail() {
@@ -102,11 +115,13 @@ certs() {
         -subj "/CN=kube-apiserver" 2>/dev/null
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 30 \
         -out apiserver.crt -extfile <(printf '%s\n' \
-            "subjectAltName=IP:127.0.0.1,IP:127.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
+            "subjectAltName=IP:127.0.0.1,IP:$ADDRESS,IP:$KUBERNETES_SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local" \
             "extendedKeyUsage=serverAuth" "keyUsage=critical,digitalSignature,keyEncipherment") 2>/dev/null
-    # Client certificates: the admin, and the two controllers' own identities.
+    # Client certificates: the admin, the controllers' own identities, and the API server's to
+    # the kubelets (logs, exec).
     local who
     for who in "admin:/O=system:masters/CN=admin" \
+        "apiserver-kubelet-client:/O=system:masters/CN=kube-apiserver-kubelet-client" \
         "kube-controller-manager:/CN=system:kube-controller-manager" \
         "kube-scheduler:/CN=system:kube-scheduler" \
         "kwok:/O=system:masters/CN=kwok"; do
@@ -131,7 +146,7 @@ kind: Config
 clusters:
   - name: confighash-test
     cluster:
-      server: https://127.0.0.1:$API_PORT
+      server: https://$ADDRESS:$API_PORT
       certificate-authority: $STATE/pki/ca.crt
 users:
   - name: $name
@@ -216,7 +231,7 @@ up() {
         [ -x "$BIN/$p" ] || fail "$BIN/$p is missing: run scripts/install-control-plane.sh"
     done
     for p in "$ETCD_PORT" "$ETCD_PEER_PORT" "$API_PORT" "$KCM_PORT" "$SCHED_PORT"; do
-        port_in_use "$p" && fail "port 127.0.0.1:$p is in use (set CONFIGHASH_CP_PORT_BASE to use other ports)"
+        port_in_use "$p" && fail "port $p is in use on 127.0.0.1 (set CONFIGHASH_CP_PORT_BASE to use other ports)"
     done
     command -v openssl >/dev/null || fail "openssl is needed to make the control plane's certificates"
 
@@ -240,9 +255,13 @@ up() {
     wait_for "etcd" 30 etcd curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
     local pki="$STATE/pki"
+    # On loopback nothing can reach an endpoint of the kubernetes Service; elsewhere (the node
+    # tier) the API server publishes its address there, as in any cluster.
+    local reconciler=lease
+    [ "$ADDRESS" != 127.0.0.1 ] || reconciler=none
     start kube-apiserver "$BIN/kube-apiserver" \
         --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-        --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+        --bind-address "$ADDRESS" --advertise-address "$ADDRESS" --secure-port "$API_PORT" \
         --service-cluster-ip-range "$SERVICE_RANGE" \
         --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
         --client-ca-file "$pki/ca.crt" \
@@ -253,7 +272,10 @@ up() {
         --audit-policy-file "$STATE/audit-policy.yaml" \
         --audit-log-path "$STATE/audit.log" --audit-log-format json \
         --audit-log-maxsize "$AUDIT_LOG_MAX_MB" \
-        --endpoint-reconciler-type none \
+        --endpoint-reconciler-type "$reconciler" \
+        --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+        --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+        --kubelet-preferred-address-types InternalIP \
         --allow-privileged --profiling=false
     wait_for "kube-apiserver /readyz" 60 kube-apiserver \
         "$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig" get --raw /readyz
@@ -275,22 +297,24 @@ up() {
         --authorization-kubeconfig "$STATE/kube-scheduler.kubeconfig" \
         --bind-address 127.0.0.1 --secure-port "$SCHED_PORT" \
         --leader-elect=false --kube-api-qps 200 --kube-api-burst 400 --profiling=false
-    local stages
-    stages=$(find "$BIN/kwok-stages" -name '*.yaml' | sort | paste -sd, -)
-    start kwok "$BIN/kwok" --kubeconfig "$STATE/kwok.kubeconfig" --config "$stages" \
-        --manage-all-nodes --cidr "$POD_CIDR" --node-ip 127.0.0.2
-
     local kubectl=("$BIN/kubectl" --kubeconfig "$STATE/admin.kubeconfig")
-    nodes | "${kubectl[@]}" apply -f - >/dev/null || fail "could not create the fake nodes"
-    wait_for "the fake nodes to be Ready" 60 kwok \
-        "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=1s
+    if [ "$KWOK" != 0 ]; then
+        local stages
+        stages=$(find "$BIN/kwok-stages" -name '*.yaml' | sort | paste -sd, -)
+        # Only the fake nodes: a real kubelet's node is never kwok's.
+        start kwok "$BIN/kwok" --kubeconfig "$STATE/kwok.kubeconfig" --config "$stages" \
+            --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake --cidr "$POD_CIDR" --node-ip 127.0.0.2
+        nodes | "${kubectl[@]}" apply -f - >/dev/null || fail "could not create the fake nodes"
+        wait_for "the fake nodes to be Ready" 60 kwok \
+            "${kubectl[@]}" wait --for=condition=Ready node --all --timeout=1s
+    fi
     # The ServiceAccount controller has run once the default namespace has its ServiceAccount.
     wait_for "kube-controller-manager (the default ServiceAccount)" 60 kube-controller-manager \
         "${kubectl[@]}" -n default get serviceaccount default
     for p in kube-scheduler; do
         alive "$p" || fail "$p exited (log: $STATE/$p.log)"
     done
-    say "up in $((SECONDS - began)) s: kube-apiserver at https://127.0.0.1:$API_PORT, ${#NODES[@]} nodes; KUBECONFIG=$STATE/admin.kubeconfig"
+    say "up in $((SECONDS - began)) s: kube-apiserver at https://$ADDRESS:$API_PORT; KUBECONFIG=$STATE/admin.kubeconfig"
 }
 
 down() {

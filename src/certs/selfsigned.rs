@@ -498,9 +498,10 @@ async fn publish_bundle(
 
 /// Writes the serving pair where the certificate store polls it, if it differs.
 async fn write_pair(config: &SelfSignedConfig, state: &State) -> Result<(), SelfSignedError> {
-    for (path, content) in [
-        (&config.key_path, &state.tls_key),
-        (&config.cert_path, &state.tls_cert),
+    // The key is readable by its owner only (0600); the certificate by anyone (0644).
+    for (path, content, mode) in [
+        (&config.key_path, &state.tls_key, 0o600),
+        (&config.cert_path, &state.tls_cert, 0o644),
     ] {
         if tokio::fs::read_to_string(path).await.ok().as_deref() == Some(content.as_str()) {
             continue;
@@ -514,7 +515,19 @@ async fn write_pair(config: &SelfSignedConfig, state: &State) -> Result<(), Self
         }
         // Write and rename, so the store never reads half a file.
         let tmp = path.with_extension("tmp");
-        tokio::fs::write(&tmp, content).await.map_err(write_err)?;
+        let _ = tokio::fs::remove_file(&tmp).await;
+        let mut options = tokio::fs::OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        options.mode(mode);
+        #[cfg(not(unix))]
+        let _ = mode;
+        let mut file = options.open(&tmp).await.map_err(write_err)?;
+        tokio::io::AsyncWriteExt::write_all(&mut file, content.as_bytes())
+            .await
+            .map_err(write_err)?;
+        file.sync_all().await.map_err(write_err)?;
+        drop(file);
         tokio::fs::rename(&tmp, path).await.map_err(write_err)?;
     }
     Ok(())

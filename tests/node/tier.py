@@ -1,0 +1,603 @@
+#!/usr/bin/env python3
+"""The real-node tier's checks: confighash installed as the quick start says, on real nodes, and
+the users' stories read inside the containers. Run by scripts/node-tier.sh inside the tier's
+network namespace; every wait polls with a deadline.
+
+Counts: rollouts from the revisions the cluster keeps (a Deployment's revision annotation, a
+StatefulSet's ControllerRevisions), confighash's writes from the API server's audit log (patches
+and updates of workloads by the chart's ServiceAccount). "Nothing happened" is proven with a
+barrier: a later change to another ConfigMap whose workload must roll first, so every event
+before it has been handled.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+KUBECTL = os.environ["NODE_KUBECTL"]
+HELM = os.environ["NODE_HELM"]
+CHART = os.environ["NODE_CHART"]
+DEPLOY = os.environ["NODE_DEPLOY"]
+AUDIT = os.environ["NODE_AUDIT_LOG"]
+REPOSITORY = os.environ["NODE_IMAGE_REPOSITORY"]
+TAG = os.environ["NODE_IMAGE_TAG"]
+NEXT_TAG = os.environ["NODE_IMAGE_NEXT_TAG"]
+APP_IMAGE = os.environ["NODE_APP_IMAGE"]
+EXAMPLES = os.environ["NODE_EXAMPLES"]
+NODE_SH = os.environ["NODE_SH"]
+NODES = int(os.environ.get("NODE_COUNT", "1"))
+STATE = os.environ["NODE_STATE"]
+ONLY = [s for s in os.environ.get("NODE_ONLY", "").split(",") if s]
+
+NS = "confighash"
+RELEASE = "confighash"
+USER = f"system:serviceaccount:{NS}:{RELEASE}"
+CHECKSUM = "confighash.dev/checksum"
+WORKLOAD_RESOURCES = {"deployments", "statefulsets", "daemonsets", "cronjobs"}
+results = []
+
+
+def log(message):
+    print(f"tier.py: {message}", flush=True)
+
+
+class Failed(Exception):
+    pass
+
+
+def run(*args, input=None, check=True):
+    p = subprocess.run(args, input=input, capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise Failed(f"{' '.join(args[:6])}... exited {p.returncode}: {p.stderr.strip()[-800:]}")
+    return p
+
+
+def kubectl(*args, input=None, check=True):
+    return run(KUBECTL, *args, input=input, check=check).stdout
+
+
+def kj(*args):
+    return json.loads(kubectl(*args, "-o", "json"))
+
+
+def helm(*args):
+    return run(HELM, *args).stdout
+
+
+def wait(what, check, timeout=120, every=0.25):
+    """Polls `check` until it returns a truthy value, which is returned."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except Failed as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise Failed(f"timed out after {timeout} s waiting for {what}" + (f" (last: {last})" if last else ""))
+        time.sleep(every)
+
+
+def check(condition, message):
+    if not condition:
+        raise Failed(message)
+
+
+# --- the audit log: confighash's own writes ---
+def audit_offset():
+    try:
+        return os.path.getsize(AUDIT)
+    except OSError:
+        return 0
+
+
+def writes_since(offset, namespace=None, name=None):
+    """confighash's patches and updates of workloads since `offset`, as (namespace, resource, name)."""
+    out = []
+    with open(AUDIT, "rb") as f:
+        f.seek(offset)
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("user", {}).get("username") != USER or event.get("stage") != "ResponseComplete":
+                continue
+            if event.get("verb") not in ("patch", "update"):
+                continue
+            ref = event.get("objectRef", {})
+            if ref.get("resource") not in WORKLOAD_RESOURCES or ref.get("subresource"):
+                continue
+            if namespace and ref.get("namespace") != namespace:
+                continue
+            if name and ref.get("name") != name:
+                continue
+            out.append((ref.get("namespace"), ref.get("resource"), ref.get("name")))
+    return out
+
+
+# --- workloads ---
+def revision(ns, kind, name):
+    if kind == "deployment":
+        d = kj("-n", ns, "get", "deployment", name)
+        return int(d["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision", "0"))
+    revisions = kj("-n", ns, "get", "controllerrevisions")["items"]
+    return sum(
+        1
+        for r in revisions
+        if any(o.get("kind") == "StatefulSet" and o.get("name") == name for o in r["metadata"].get("ownerReferences", []))
+    )
+
+
+def stamp(ns, kind, name):
+    w = kj("-n", ns, "get", kind, name)
+    template = w["spec"]["jobTemplate"]["spec"]["template"] if kind == "cronjob" else w["spec"]["template"]
+    return template["metadata"].get("annotations", {}).get(CHECKSUM)
+
+
+def rolled_out(ns, kind, name):
+    """The rollout finished: every replica updated and ready, no old pod left."""
+    w = kj("-n", ns, "get", kind, name)
+    s, want = w.get("status", {}), w["spec"].get("replicas", 1)
+    if s.get("observedGeneration") != w["metadata"]["generation"]:
+        return False
+    if kind == "deployment":
+        return s.get("updatedReplicas") == want and s.get("availableReplicas") == want and s.get("replicas") == want
+    return (
+        s.get("updatedReplicas") == want
+        and s.get("readyReplicas") == want
+        and s.get("currentRevision") == s.get("updateRevision")
+    )
+
+
+def pods(ns, selector):
+    """Running, not terminating pods of a selector."""
+    items = kj("-n", ns, "get", "pods", "-l", selector)["items"]
+    return [p for p in items if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+
+
+def selector_of(ns, kind, name):
+    labels = kj("-n", ns, "get", kind, name)["spec"]["selector"]["matchLabels"]
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def read_in(ns, pod, container, *command):
+    return kubectl("-n", ns, "exec", pod, "-c", container, "--", *command)
+
+
+# --- the examples, with their containers replaced by the app image ---
+def transform(obj):
+    kind = obj["kind"]
+    if kind == "CronJob":
+        obj["spec"]["suspend"] = True
+        spec = obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    elif kind in ("Deployment", "StatefulSet", "DaemonSet"):
+        spec = obj["spec"]["template"]["spec"]
+    else:
+        return obj
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for group, once in (("initContainers", True), ("containers", False)):
+        for c in spec.get(group, []):
+            files = [
+                m["mountPath"]
+                for m in c.get("volumeMounts", [])
+                if m.get("subPath") and ("configMap" in volumes.get(m["name"], {}) or "secret" in volumes.get(m["name"], {}))
+            ]
+            c["image"] = APP_IMAGE
+            c["imagePullPolicy"] = "Never"
+            c["command"] = ["/app"]
+            c.pop("args", None)
+            for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+                c.pop(probe, None)
+            env = [e for e in c.get("env", []) if e["name"] not in ("APP_FILES", "APP_ONCE")]
+            env.append({"name": "APP_FILES", "value": " ".join(files)})
+            if once:
+                env.append({"name": "APP_ONCE", "value": "1"})
+            c["env"] = env
+            # The app image is busybox: a user the examples' images would have set.
+            c.setdefault("securityContext", {}).setdefault("runAsUser", 65534)
+    return obj
+
+
+def example_objects(name):
+    listing = json.loads(kubectl("create", "--dry-run=client", "-o", "json", "-f", f"{EXAMPLES}/{name}.yaml"))
+    items = listing["items"] if listing.get("kind") == "List" else [listing]
+    return [transform(o) for o in items]
+
+
+def apply(objects):
+    kubectl("apply", "--server-side", "--field-manager", "tier", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+
+WORKLOADS = {
+    "homer": [("deployment", "homer")],
+    "litellm": [("deployment", "litellm")],
+    "searxng": [("deployment", "searxng"), ("statefulset", "searxng-valkey")],
+    "backstage": [("deployment", "backstage")],
+}
+
+
+def set_config_map(ns, name, key, value):
+    patch = {"data": {key: value}}
+    kubectl("-n", ns, "patch", "configmap", name, "--type", "merge", "-p", json.dumps(patch))
+
+
+def set_secret(ns, name, key, value):
+    patch = {"stringData": {key: value}}
+    kubectl("-n", ns, "patch", "secret", name, "--type", "merge", "-p", json.dumps(patch))
+
+
+BARRIER_NS = "tier-barrier"
+barrier_count = [0]
+
+
+def barrier():
+    """Changes the barrier's ConfigMap and waits until confighash has rolled its Deployment: every
+    event before the change has been handled by then."""
+    barrier_count[0] += 1
+    offset = audit_offset()
+    set_config_map(BARRIER_NS, "barrier", "n", str(barrier_count[0]))
+    wait("confighash to touch the barrier", lambda: writes_since(offset, BARRIER_NS, "barrier"), 90)
+
+
+def make_barrier():
+    kubectl("create", "namespace", BARRIER_NS)
+    kubectl("label", "namespace", BARRIER_NS, "confighash.dev/enabled=true")
+    objects = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "barrier", "namespace": BARRIER_NS}, "data": {"n": "0"}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "barrier", "namespace": BARRIER_NS},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "barrier"}},
+                "template": {
+                    "metadata": {"labels": {"app": "barrier"}},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "app",
+                                "image": APP_IMAGE,
+                                "imagePullPolicy": "Never",
+                                "envFrom": [{"configMapRef": {"name": "barrier"}}],
+                            }
+                        ]
+                    },
+                },
+            },
+        },
+    ]
+    apply(objects)
+    wait("the barrier stamped", lambda: stamp(BARRIER_NS, "deployment", "barrier"), 30)
+
+
+def snapshot():
+    return {(ns, kind, name): revision(ns, kind, name) for ns, ws in WORKLOADS.items() for kind, name in ws}
+
+
+def assert_nothing_rolled(before, since, what):
+    barrier()
+    after = snapshot()
+    moved = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    check(not moved, f"{what}: workloads rolled: {moved}")
+    writes = [w for w in writes_since(since) if w[0] != BARRIER_NS]
+    check(not writes, f"{what}: confighash wrote {writes}")
+
+
+def leader():
+    lease = kj("-n", NS, "get", "lease", RELEASE)
+    return lease["spec"].get("holderIdentity")
+
+
+def confighash_pods():
+    return pods(NS, f"app.kubernetes.io/name=confighash,app.kubernetes.io/instance={RELEASE}")
+
+
+def one_change(ns, kind, name, change, what):
+    """Makes a change and checks it rolled exactly this workload once, with one confighash write.
+    Returns the new revision."""
+    before = snapshot()
+    offset = audit_offset()
+    started = time.monotonic()
+    change()
+    wait(f"{what}: a new revision of {kind}/{name}", lambda: revision(ns, kind, name) > before[(ns, kind, name)], 90)
+    first = time.monotonic() - started
+    wait(f"{what}: the rollout of {kind}/{name}", lambda: rolled_out(ns, kind, name), 120)
+    complete = time.monotonic() - started
+    barrier()
+    after = snapshot()
+    check(after[(ns, kind, name)] == before[(ns, kind, name)] + 1, f"{what}: {after[(ns, kind, name)] - before[(ns, kind, name)]} revisions, not 1")
+    others = {k: (before[k], after[k]) for k in before if k != (ns, kind, name) and before[k] != after[k]}
+    check(not others, f"{what}: other workloads rolled: {others}")
+    writes = [w for w in writes_since(offset) if w[0] != BARRIER_NS]
+    check(writes == [(ns, kind + "s", name)], f"{what}: confighash's writes were {writes}, not one of {kind}/{name}")
+    log(f"{what}: one rollout, one write; new revision after {first:.1f} s, rollout complete after {complete:.1f} s")
+    return after[(ns, kind, name)]
+
+
+# --- the checks ---
+def test_quick_start_install():
+    started = time.monotonic()
+    helm(
+        "install", RELEASE, CHART, "--namespace", NS, "--create-namespace",
+        "--set", f"image.repository={REPOSITORY}", "--set", f"image.tag={TAG}", "--set", "image.pullPolicy=Never",
+    )
+    kubectl("-n", NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=180s")
+    log(f"helm install to rollout complete: {time.monotonic() - started:.1f} s")
+    ready = [p for p in confighash_pods() if all(c.get("ready") for c in p["status"].get("containerStatuses", []))]
+    check(len(ready) == 2, f"{len(ready)} confighash pods Ready, not 2")
+    names = {p["metadata"]["name"] for p in ready}
+    holder = wait("a leader", lambda: leader() in names and leader(), 60)
+    log(f"the Lease is held by {holder}")
+    check(kj("-n", NS, "get", "secret", f"{RELEASE}-certs")["data"].get("ca.crt"), "no CA in the certificates Secret")
+    def bundles():
+        hooks = kj("get", "mutatingwebhookconfiguration", RELEASE)["webhooks"]
+        return len(hooks) == 2 and all(h["clientConfig"].get("caBundle") for h in hooks) and hooks
+
+    hooks = wait("both caBundles written", bundles, 60)
+    for h in hooks:
+        check("url" not in h["clientConfig"] and h["clientConfig"].get("service", {}).get("name") == RELEASE, f"{h['name']} does not call the Service: {h['clientConfig']}")
+    if NODES > 1:
+        nodes = {p["spec"]["nodeName"] for p in ready}
+        log(f"confighash's replicas run on {sorted(nodes)}")
+
+
+def test_examples_stamped_at_create():
+    make_barrier()
+    for name in WORKLOADS:
+        apply(example_objects(name))
+    for ns, ws in WORKLOADS.items():
+        for kind, name in ws:
+            check(stamp(ns, kind, name), f"{kind}/{name} in {ns} was not stamped at CREATE")
+            wait(f"{kind}/{name} in {ns} rolled out", lambda: rolled_out(ns, kind, name), 180)
+    for cronjob in kubectl("-n", "backstage", "get", "cronjob", "-o", "name").split():
+        check(stamp("backstage", "cronjob", cronjob.split("/", 1)[1]), f"{cronjob} was not stamped at CREATE")
+    # Only the first revision: nothing rolled them after their creation.
+    revisions = snapshot()
+    check(all(r == 1 for r in revisions.values()), f"workloads rolled after their creation: {revisions}")
+    pod = pods("homer", selector_of("homer", "deployment", "homer"))[0]
+    content = read_in("homer", pod["metadata"]["name"], "homer", "cat", "/www/assets/config.yml")
+    check('title: "Homelab"' in content, f"homer's container reads another config.yml: {content[:200]}")
+
+
+def test_config_map_change_rolls_homer_once():
+    old = pods("homer", selector_of("homer", "deployment", "homer"))
+    cm = kj("-n", "homer", "get", "configmap", "homer-config")
+    new = cm["data"]["config.yml"].replace('title: "Homelab"', 'title: "Homelab v2"')
+    one_change("homer", "deployment", "homer", lambda: set_config_map("homer", "homer-config", "config.yml", new), "homer's config.yml (subPath)")
+    now = pods("homer", selector_of("homer", "deployment", "homer"))
+    check(len(now) == 1 and now[0]["metadata"]["uid"] != old[0]["metadata"]["uid"], "homer's pod was not replaced")
+    content = read_in("homer", now[0]["metadata"]["name"], "homer", "cat", "/www/assets/config.yml")
+    check('title: "Homelab v2"' in content, f"the new pod reads the old config.yml: {content[:200]}")
+    logs = kubectl("-n", "homer", "logs", now[0]["metadata"]["name"], "-c", "homer")
+    check('title: "Homelab v2"' in logs, "the new pod's app did not print the new config.yml at start")
+
+
+def test_secret_env_change_rolls_searxng_once():
+    d = kj("-n", "searxng", "get", "deployment", "searxng")
+    env = d["spec"]["template"]["spec"]["containers"][0].get("env", [])
+    ref = next(e for e in env if e.get("valueFrom", {}).get("secretKeyRef"))
+    secret, key = ref["valueFrom"]["secretKeyRef"]["name"], ref["valueFrom"]["secretKeyRef"]["key"]
+    valkey = pods("searxng", selector_of("searxng", "statefulset", "searxng-valkey"))
+    one_change("searxng", "deployment", "searxng", lambda: set_secret("searxng", secret, key, "rotated-by-the-tier"), f"searxng's Secret {secret} (env)")
+    pod = pods("searxng", selector_of("searxng", "deployment", "searxng"))[0]
+    check(f"{ref['name']}=rotated-by-the-tier" in read_in("searxng", pod["metadata"]["name"], d["spec"]["template"]["spec"]["containers"][0]["name"], "env"), "the new pod's environment has the old value")
+    check([p["metadata"]["uid"] for p in pods("searxng", selector_of("searxng", "statefulset", "searxng-valkey"))] == [p["metadata"]["uid"] for p in valkey], "valkey, which does not use the Secret, was restarted")
+
+
+def test_env_from_secret_rolls_litellm_once():
+    d = kj("-n", "litellm", "get", "deployment", "litellm")
+    container = d["spec"]["template"]["spec"]["containers"][0]
+    secret = next(s["secretRef"]["name"] for s in container.get("envFrom", []) if "secretRef" in s)
+    one_change("litellm", "deployment", "litellm", lambda: set_secret("litellm", secret, "TIER_CHECK", "v2"), f"litellm's Secret {secret} (envFrom)")
+    pod = pods("litellm", selector_of("litellm", "deployment", "litellm"))[0]
+    check("TIER_CHECK=v2" in read_in("litellm", pod["metadata"]["name"], container["name"], "env"), "the new pod does not see the new key")
+
+
+def test_label_only_and_identical_rewrites_roll_nothing():
+    before, offset = snapshot(), audit_offset()
+    kubectl("-n", "homer", "label", "configmap", "homer-config", "tier/edited=yes", "--overwrite")
+    cm = kj("-n", "homer", "get", "configmap", "homer-config")
+    for k in ("resourceVersion", "uid", "creationTimestamp", "managedFields", "generation"):
+        cm["metadata"].pop(k, None)
+    kubectl("replace", "-f", "-", input=json.dumps(cm))
+    kubectl("-n", "searxng", "annotate", "secret", "--all", "tier/touched=yes", "--overwrite")
+    assert_nothing_rolled(before, offset, "label-only edits and an identical rewrite")
+
+
+def test_change_while_scaled_to_zero_rolls_once_on_return():
+    before, offset = snapshot(), audit_offset()
+    kubectl("-n", NS, "scale", f"deployment/{RELEASE}", "--replicas=0")
+    wait("confighash scaled to 0", lambda: not kj("-n", NS, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"], 90)
+    cm = kj("-n", "homer", "get", "configmap", "homer-config")
+    set_config_map("homer", "homer-config", "config.yml", cm["data"]["config.yml"].replace("Homelab v2", "Homelab v3"))
+    kubectl("-n", NS, "scale", f"deployment/{RELEASE}", "--replicas=2")
+    wait("homer rolled after confighash returned", lambda: revision("homer", "deployment", "homer") > before[("homer", "deployment", "homer")], 120)
+    wait("homer's rollout", lambda: rolled_out("homer", "deployment", "homer"), 120)
+    barrier()
+    after = snapshot()
+    check(after[("homer", "deployment", "homer")] == before[("homer", "deployment", "homer")] + 1, "homer did not roll exactly once")
+    writes = [w for w in writes_since(offset) if w[0] != BARRIER_NS]
+    check(writes == [("homer", "deployments", "homer")], f"confighash's writes: {writes}")
+    pod = pods("homer", selector_of("homer", "deployment", "homer"))[0]
+    check("Homelab v3" in read_in("homer", pod["metadata"]["name"], "homer", "cat", "/www/assets/config.yml"), "the new pod reads an old config.yml")
+
+
+def test_leader_deleted_in_a_change_window():
+    holder = leader()
+    cm = kj("-n", "homer", "get", "configmap", "homer-config")
+    new = cm["data"]["config.yml"].replace("Homelab v3", "Homelab v4")
+
+    def change():
+        set_config_map("homer", "homer-config", "config.yml", new)
+        kubectl("-n", NS, "delete", "pod", holder, "--wait=false")
+
+    one_change("homer", "deployment", "homer", change, "a change with the leader deleted in its window")
+    moved = wait("the Lease to move", lambda: leader() != holder and leader(), 60)
+    log(f"the Lease moved from {holder} to {moved}")
+
+
+def test_kubelet_and_containerd_restart_roll_nothing():
+    before, offset = snapshot(), audit_offset()
+    for n in range(NODES):
+        run(NODE_SH, "restart-node", str(n))
+    for n in range(NODES):
+        wait(f"node-{n} Ready again", lambda: any(c["type"] == "Ready" and c["status"] == "True" for c in kj("get", "node", f"node-{n}")["status"]["conditions"]), 90)
+    assert_nothing_rolled(before, offset, "kubelet and containerd killed and restarted")
+
+
+def admission_failures():
+    text = kubectl("get", "--raw", "/metrics")
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("apiserver_admission_webhook_fail_open_count", "apiserver_admission_webhook_rejection_count")) and RELEASE in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_helm_upgrade_to_a_new_tag_rolls_nothing():
+    before, offset, failures = snapshot(), audit_offset(), admission_failures()
+    helm("upgrade", RELEASE, CHART, "--namespace", NS, "--reuse-values", "--set", f"image.tag={NEXT_TAG}")
+    # Workloads created while the replicas are replaced: each must be stamped.
+    created = 0
+    deadline = time.monotonic() + 180
+    while True:
+        d = {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": f"during-upgrade-{created}", "namespace": BARRIER_NS},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "u"}}, "template": {"metadata": {"labels": {"app": "u"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
+        }
+        kubectl("create", "-f", "-", input=json.dumps(d))
+        created += 1
+        p = run(KUBECTL, "-n", NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=1s", check=False)
+        if p.returncode == 0:
+            break
+        check(time.monotonic() < deadline, "the upgrade did not finish in 180 s")
+    unstamped = [i for i in range(created) if not stamp(BARRIER_NS, "deployment", f"during-upgrade-{i}")]
+    check(not unstamped, f"{len(unstamped)} of {created} Deployments created during the upgrade were admitted unstamped")
+    image = kj("-n", NS, "get", "deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]["image"]
+    check(image.endswith(":" + NEXT_TAG), f"the upgrade left the image {image}")
+    assert_nothing_rolled(before, offset, "helm upgrade to a new tag")
+    check(admission_failures() == failures, f"the API server counted {admission_failures() - failures} failed admissions during the upgrade")
+    log(f"helm upgrade: {created} Deployments created during it, all stamped; no failed admission")
+
+
+def test_both_replicas_down():
+    kubectl("-n", NS, "scale", f"deployment/{RELEASE}", "--replicas=0")
+    wait("confighash scaled to 0", lambda: not kj("-n", NS, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"], 90)
+    policy = kj("get", "mutatingwebhookconfiguration", RELEASE)["webhooks"][0]["failurePolicy"]
+    d = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "while-down", "namespace": BARRIER_NS},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "d"}}, "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
+    }
+    p = run(KUBECTL, "apply", "-f", "-", input=json.dumps(d), check=False)
+    log(f"failurePolicy {policy}, both replicas down: kubectl apply exits {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}")
+    check(p.returncode == 0 and policy == "Ignore", "with the chart's failurePolicy Ignore a write must be admitted while confighash is down")
+    check(stamp(BARRIER_NS, "deployment", "while-down") is None, "admitted with a stamp while no replica ran")
+    kubectl("-n", NS, "scale", f"deployment/{RELEASE}", "--replicas=2")
+    kubectl("-n", NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=120s")
+    barrier()
+    log(f"once back: the Deployment admitted unstamped has stamp {stamp(BARRIER_NS, 'deployment', 'while-down')!r} (stampExisting is off: it gets one at its next change)")
+
+
+def test_drain_the_node_of_a_replica():
+    if NODES < 2:
+        log("one node: no drain (CONFIGHASH_NODES=2 runs it)")
+        return
+    victim = confighash_pods()[0]["spec"]["nodeName"]
+    kubectl("drain", victim, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=180s")
+    try:
+        kubectl("-n", NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=120s")
+        ready = [p for p in confighash_pods() if all(c.get("ready") for c in p["status"].get("containerStatuses", []))]
+        check(len(ready) == 2 and all(p["spec"]["nodeName"] != victim for p in ready), f"after the drain of {victim}: {[(p['metadata']['name'], p['spec']['nodeName']) for p in ready]}")
+        one_change("homer", "deployment", "homer", lambda: set_config_map("homer", "homer-config", "drain", "1"), f"a change after {victim} was drained")
+    finally:
+        kubectl("uncordon", victim)
+
+
+def test_helm_uninstall_leaves_nothing_that_blocks_writes():
+    helm("uninstall", RELEASE, "--namespace", NS, "--wait")
+    check(not kubectl("get", "mutatingwebhookconfiguration", "-o", "name").strip(), "a webhook configuration is left")
+    d = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "after-uninstall", "namespace": BARRIER_NS},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}}, "template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE}]}}},
+    }
+    kubectl("create", "-f", "-", input=json.dumps(d))
+    left = kubectl("-n", NS, "get", "secrets,leases", "-o", "name").split()
+    log(f"left in {NS} after helm uninstall (made by the pods): {left}")
+    check(all(re.match(r"^(secret/confighash-certs|lease\.coordination\.k8s\.io/confighash)$", x) for x in left), f"unexpected objects left: {left}")
+    wait("the pods to end", lambda: not kj("-n", NS, "get", "pods")["items"], 90)
+    kubectl("delete", "namespace", NS, "--wait=true", "--timeout=90s")
+
+
+def test_kustomize_install():
+    overlay = os.path.join(STATE, "kustomize")
+    os.makedirs(overlay, exist_ok=True)
+    with open(os.path.join(overlay, "kustomization.yaml"), "w") as f:
+        f.write(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            f"resources: [{os.path.relpath(DEPLOY, overlay)}]\n"
+            f"images:\n  - name: ghcr.io/confighash/confighash\n    newName: {REPOSITORY}\n    newTag: {TAG}\n"
+            "patches:\n  - target: {kind: Deployment, name: confighash}\n"
+            "    patch: '[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/imagePullPolicy\", \"value\": \"Never\"}]'\n"
+        )
+    rendered = run(KUBECTL, "kustomize", "--load-restrictor", "LoadRestrictionsNone", overlay).stdout
+    kubectl("apply", "-f", "-", input=rendered)
+    kubectl("-n", NS, "rollout", "status", "deployment/confighash", "--timeout=180s")
+    names = {p["metadata"]["name"] for p in confighash_pods()}
+    wait("a leader", lambda: leader() in names, 60)
+    wait("both caBundles written", lambda: all(h["clientConfig"].get("caBundle") for h in kj("get", "mutatingwebhookconfiguration", "confighash")["webhooks"]), 60)
+    one_change("homer", "deployment", "homer", lambda: set_config_map("homer", "homer-config", "kustomize", "1"), "a change with deploy/ installed by kustomize")
+    kubectl("delete", "-f", "-", "--wait=true", "--timeout=120s", input=rendered)
+
+
+TESTS = [
+    test_quick_start_install,
+    test_examples_stamped_at_create,
+    test_config_map_change_rolls_homer_once,
+    test_secret_env_change_rolls_searxng_once,
+    test_env_from_secret_rolls_litellm_once,
+    test_label_only_and_identical_rewrites_roll_nothing,
+    test_change_while_scaled_to_zero_rolls_once_on_return,
+    test_leader_deleted_in_a_change_window,
+    test_kubelet_and_containerd_restart_roll_nothing,
+    test_helm_upgrade_to_a_new_tag_rolls_nothing,
+    test_both_replicas_down,
+    test_drain_the_node_of_a_replica,
+    test_helm_uninstall_leaves_nothing_that_blocks_writes,
+    test_kustomize_install,
+]
+
+
+def main():
+    passed = failed = 0
+    for test in TESTS:
+        name = test.__name__[5:]
+        if ONLY and name not in ONLY:
+            continue
+        started = time.monotonic()
+        try:
+            test()
+            passed += 1
+            log(f"ok {name} ({time.monotonic() - started:.1f} s)")
+        except Exception as e:  # every failure is reported; the later checks build on the earlier
+            failed += 1
+            log(f"FAILED {name} ({time.monotonic() - started:.1f} s): {e}")
+            if not isinstance(e, Failed):
+                traceback.print_exc()
+            break
+    print(f"tier: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
