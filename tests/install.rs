@@ -7,3 +7,4 @@ use common::manifests;
 
 mod chart;
 mod deploy;
+mod image;

@@ -8,7 +8,9 @@
 //!   ([`ServeConfig::client_ca`]) the slots are split instead: see [`Limits::max_connections`];
 //! - from accept, the TLS handshake, the protocol detection (HTTP/2 preface or HTTP/1.1) and the
 //!   first complete request head must all arrive within [`ServeConfig::header_read_timeout`];
-//!   later HTTP/1.1 request heads, and the idle time between HTTP/1.1 requests, get the same bound;
+//!   later HTTP/1.1 request heads, and the idle time between HTTP/1.1 requests, are bounded by the
+//!   idle limit below (kube-apiserver keeps idle webhook connections for 90 s and reuses them:
+//!   closing one sooner races its next review);
 //! - each review must be received and answered within [`Limits::request_timeout`]
 //!   ([`admission::ReviewLimits`]);
 //! - a connection with no request in flight for [`Limits::idle_timeout`] is closed gracefully
@@ -96,8 +98,10 @@ pub struct Limits {
     /// head: a slower body gets 408, a slower answer 503.
     pub request_timeout: Duration,
     /// A connection with no request in flight for this long is closed gracefully (HTTP/2:
-    /// GOAWAY, so the client retries nothing). HTTP/1.1 connections idle only up to the header
-    /// timeout anyway.
+    /// GOAWAY, so the client retries nothing; HTTP/1.1: closed between requests, without an
+    /// error). Longer than the API server keeps an idle connection ([`API_SERVER_IDLE`]), so
+    /// that it is the client that closes an idle connection, never the server just as the client
+    /// sends a review on it.
     pub idle_timeout: Duration,
     /// How often an HTTP/2 connection is pinged.
     pub http2_keep_alive_interval: Duration,
@@ -118,7 +122,7 @@ impl Default for Limits {
         Limits {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             request_timeout: admission::DEFAULT_REQUEST_TIMEOUT,
-            idle_timeout: Duration::from_secs(60),
+            idle_timeout: API_SERVER_IDLE + Duration::from_secs(30),
             http2_keep_alive_interval: Duration::from_secs(20),
             http2_keep_alive_timeout: Duration::from_secs(10),
             http2_max_concurrent_streams: 100,
@@ -386,6 +390,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             router,
             builder: http_builder(
                 config.header_read_timeout,
+                limits.idle_timeout,
                 &H2Settings {
                     keep_alive_interval: limits.http2_keep_alive_interval,
                     keep_alive_timeout: limits.http2_keep_alive_timeout,
@@ -421,6 +426,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
             router: health::router(config.health.clone(), metrics),
             builder: http_builder(
                 admin_limits.header_read_timeout,
+                admin_limits.idle_timeout,
                 &H2Settings {
                     keep_alive_interval: limits.http2_keep_alive_interval,
                     keep_alive_timeout: limits.http2_keep_alive_timeout,
@@ -493,14 +499,27 @@ struct H2Settings {
     windows: Option<(u32, u32)>,
 }
 
-fn http_builder(header_read_timeout: Duration, h2: &H2Settings) -> auto::Builder<TokioExecutor> {
+/// How long kube-apiserver keeps an idle connection to a webhook: its webhook clients take
+/// Go's default transport's `IdleConnTimeout` (`k8s.io/apimachinery/pkg/util/net`
+/// `SetTransportDefaults`, used by `k8s.io/apiserver/pkg/util/webhook`).
+pub const API_SERVER_IDLE: Duration = Duration::from_secs(90);
+
+/// `idle_timeout` bounds the wait for every HTTP/1.1 request head after the first (whose bound is
+/// [`serve_connection`]'s header deadline): [`drive`]'s idle timer closes the connection
+/// gracefully at `idle_timeout`, before hyper's own header timer (set later here) could end it
+/// with an error.
+fn http_builder(
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+    h2: &H2Settings,
+) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        // hyper restarts this timer whenever a connection waits for a request head, so it also
-        // closes HTTP/1.1 connections left idle between requests.
-        .header_read_timeout(header_read_timeout)
+        // hyper restarts this timer whenever a connection waits for a request head, idle time
+        // between requests included.
+        .header_read_timeout(idle_timeout + header_read_timeout)
         .max_buf_size(H1_MAX_BUF);
     let mut http2 = builder.http2();
     http2
