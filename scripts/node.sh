@@ -211,8 +211,24 @@ shutdownGracePeriod: 0s
 EOF
 }
 
+# The node's cgroup root in every hierarchy of this machine's cgroup v1 (the kubelet's
+# cgroupRoot must exist); a new cpuset gets its parent's CPUs and memory nodes.
+node_cgroups() { # n
+    local h cg
+    for h in /sys/fs/cgroup/*/; do
+        [ -f "$h/cgroup.procs" ] || continue
+        cg="$h/confighash-node-$1"
+        mkdir -p "$cg" || fail "cannot make the cgroup $cg"
+        if [ -f "$h/cpuset.cpus" ] && [ -z "$(cat "$cg/cpuset.cpus")" ]; then
+            cat "$h/cpuset.cpus" >"$cg/cpuset.cpus"
+            cat "$h/cpuset.mems" >"$cg/cpuset.mems"
+        fi
+    done
+}
+
 start_node() { # n
     local n="$1" dir="$STATE/node-$1"
+    node_cgroups "$n"
     start "containerd-$n" "$NODE_BIN/containerd" --config "$dir/containerd.toml"
     wait_for "containerd $n" 30 "containerd-$n" test -S "$dir/containerd.sock"
     wait_for "containerd $n's CRI" 30 "containerd-$n" "$NODE_BIN/ctr" --address "$dir/containerd.sock" -n k8s.io version
@@ -241,7 +257,7 @@ up() {
     CONFIGHASH_CONTROL_PLANE_DIR="$CP" CONFIGHASH_CP_ADDRESS="$(node_ip 0)" CONFIGHASH_CP_PORT_BASE=24700 \
         CONFIGHASH_CP_SERVICE_RANGE="$SERVICE_RANGE" CONFIGHASH_CP_KWOK=0 \
         in_ns "$HERE/control-plane.sh" up || fail "the control plane did not start in $NETNS"
-    local kubectl=("$BIN/kubectl" --kubeconfig "$CP/admin.kubeconfig")
+    local kubectl=(in_ns "$BIN/kubectl" --kubeconfig "$CP/admin.kubeconfig")
 
     local n
     for ((n = 0; n < NODE_COUNT; n++)); do
@@ -251,7 +267,7 @@ up() {
         local image
         for image in "$NODE_BIN"/images/*.tar; do
             "$NODE_BIN/ctr" --address "$STATE/node-$n/containerd.sock" -n k8s.io images import \
-                --no-unpack "$image" >/dev/null || fail "ctr images import $image failed"
+                --no-unpack "$image" >/dev/null 2>>"$STATE/ctr.log" || fail "ctr images import $image failed (log: $STATE/ctr.log)"
         done
     done
     client_cert kube-proxy "/CN=system:kube-proxy"

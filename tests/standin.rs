@@ -1962,6 +1962,53 @@ async fn watch_list_options_that_do_not_fit_are_refused_as_kube_apiserver_refuse
     );
 }
 
+/// A streaming list whose end-of-list bookmark never comes (a proxy that drops it) does not leave
+/// the watch unsynced: after a quiet spell it lists in pages, and the list ends with every object.
+#[tokio::test]
+async fn a_streaming_list_without_its_end_bookmark_falls_back_to_pages() {
+    let server = ApiServer::start_with(apiserver::Options {
+        drop_initial_events_end: true,
+        ..Default::default()
+    })
+    .await;
+    let client = server.client();
+    create_namespace(&client, "ns", &[]).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
+    for name in ["a", "b"] {
+        cms.create(&PostParams::default(), &config_map(name, &[]))
+            .await
+            .unwrap();
+    }
+    let events = confighash::cluster::watch::events_with(
+        cms,
+        watcher::Config::default(),
+        Duration::from_millis(500),
+    );
+    let mut events = std::pin::pin!(events);
+    let mut listed = Vec::new();
+    let done = tokio::time::timeout(DEADLINE, async {
+        while let Some(event) = events.next().await {
+            match event.unwrap() {
+                watcher::Event::Init => listed.clear(),
+                watcher::Event::InitApply(cm) => listed.push(cm.name_any()),
+                watcher::Event::InitDone => return true,
+                _ => {}
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(done, Ok(true), "the list ended");
+    listed.sort();
+    assert_eq!(listed, ["a", "b"]);
+    let lists = server
+        .audit()
+        .iter()
+        .filter(|r| r.verb == "list" && r.resource == "configmaps")
+        .count();
+    assert!(lists >= 1, "listed in pages after the streaming list went quiet");
+}
+
 #[tokio::test]
 async fn a_create_a_lagging_view_lets_into_a_terminating_namespace_is_deleted_with_it() {
     let lag = Duration::from_secs(1);

@@ -33,7 +33,9 @@ use serde::de::DeserializeOwned;
 /// kube-apiserver serves them when its `WatchList` feature gate is on (1.32, and 1.34 on; 1.33
 /// has it off). A server that does not refuses the watch as invalid (422; servers before
 /// `sendInitialEvents` existed reject its `resourceVersionMatch` the same way): from the first
-/// such refusal on, this watch lists in pages, for as long as it lives.
+/// such refusal on, this watch lists in pages, for as long as it lives. So does a watch whose
+/// streaming list goes quiet for [`INITIAL_EVENTS_QUIET`] without the bookmark that ends it (a
+/// proxy that drops `sendInitialEvents` or the bookmark): the list would never end.
 pub fn events<K>(
     api: Api<K>,
     paged: watcher::Config,
@@ -41,13 +43,54 @@ pub fn events<K>(
 where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    events_with(api, paged, INITIAL_EVENTS_QUIET)
+}
+
+/// How long a streaming list may send nothing before its end: kube-apiserver sends the initial
+/// events back to back from its watch cache and the bookmark right after them (after waiting up
+/// to 3 s for the cache to be fresh), so a pause this long means the bookmark is not coming.
+pub const INITIAL_EVENTS_QUIET: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// [`events`] with the quiet time after which a streaming list is given up.
+pub fn events_with<K>(
+    api: Api<K>,
+    paged: watcher::Config,
+    quiet: std::time::Duration,
+) -> impl Stream<Item = Result<Event<K>, watcher::Error>> + Send
+where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
     let streaming: BoxStream<'static, _> =
         watcher::watcher(api.clone(), paged.clone().streaming_lists()).boxed();
     // The paged watch to fall back to, until it is taken: while it is here, the lists stream.
-    let state = (streaming, Some((api, paged)));
-    futures::stream::unfold(state, |(mut events, mut fallback)| async move {
+    // `listing`: a streaming list has begun (Init) and not ended (InitDone).
+    let state = (streaming, Some((api, paged)), false);
+    futures::stream::unfold(state, move |(mut events, mut fallback, mut listing)| async move {
         loop {
-            let item = events.next().await?;
+            let next = if listing && fallback.is_some() {
+                match tokio::time::timeout(quiet, events.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        let (api, paged) = fallback.take()?;
+                        tracing::warn!(
+                            resource = api.resource_url(),
+                            quiet = ?quiet,
+                            "a streaming list sent nothing for this long without the bookmark that ends it (a proxy in between?); listing in pages"
+                        );
+                        events = watcher::watcher(api, paged).boxed();
+                        listing = false;
+                        continue;
+                    }
+                }
+            } else {
+                events.next().await
+            };
+            let item = next?;
+            match &item {
+                Ok(Event::Init) => listing = true,
+                Ok(Event::InitDone) => listing = false,
+                _ => {}
+            }
             if let Err(e) = &item
                 && refuses_watch_lists(e)
                 && let Some((api, paged)) = fallback.take()
@@ -58,9 +101,10 @@ where
                     "the API server does not serve streaming lists; listing in pages"
                 );
                 events = watcher::watcher(api, paged).boxed();
+                listing = false;
                 continue;
             }
-            return Some((item, (events, fallback)));
+            return Some((item, (events, fallback, listing)));
         }
     })
 }

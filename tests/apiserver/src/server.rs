@@ -51,6 +51,10 @@ pub struct Options {
     /// gate (on by default in 1.32 and from 1.34, off in 1.33). When off, a watch that asks for
     /// them is refused with 422.
     pub watch_list: bool,
+    /// A fault: watch lists are served, but the bookmark that ends their initial events
+    /// (`k8s.io/initial-events-end`) is never sent, as behind a proxy that drops it. Not a
+    /// behaviour of kube-apiserver.
+    pub drop_initial_events_end: bool,
 }
 
 impl Default for Options {
@@ -61,6 +65,7 @@ impl Default for Options {
             namespace_termination: Duration::from_secs(1),
             namespace_cache_lag: Duration::ZERO,
             watch_list: true,
+            drop_initial_events_end: false,
         }
     }
 }
@@ -118,6 +123,7 @@ pub(crate) struct Shared {
     namespace_termination: Duration,
     namespace_lag: Mutex<Duration>,
     watch_list: bool,
+    drop_initial_events_end: bool,
     /// Work the server does on its own (emptying deleted namespaces), ended with the server.
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -170,6 +176,7 @@ impl ApiServer {
             namespace_termination: options.namespace_termination,
             namespace_lag: Mutex::new(options.namespace_cache_lag),
             watch_list: options.watch_list,
+            drop_initial_events_end: options.drop_initial_events_end,
             background: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -1236,6 +1243,7 @@ fn watch_stream(
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(1800));
     let send_initial_events = list_options(ctx.shared, query, true)?;
+    let end_bookmark = bookmarks && !ctx.shared.drop_initial_events_end;
     let from: Option<u64> = match query.get("resourceVersion").map(String::as_str) {
         None | Some("") | Some("0") => None,
         Some(rv) => Some(
@@ -1344,7 +1352,7 @@ fn watch_stream(
                 return;
             }
         }
-        if let Some(rv) = initial_end.filter(|_| bookmarks) {
+        if let Some(rv) = initial_end.filter(|_| end_bookmark) {
             let bookmark = json!({"type": "BOOKMARK", "object": {
                 "kind": kind, "apiVersion": api_version,
                 "metadata": {
