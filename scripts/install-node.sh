@@ -27,7 +27,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 MODULES="$HERE/control-plane"
 TOOLS="${CONFIGHASH_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/confighash-tools}"
 SUM=$(cat "$MODULES"/kubernetes/go.mod "$MODULES"/kubernetes/go.sum "$MODULES"/containerd/go.mod \
-    "$MODULES"/containerd/go.sum "$HERE"/node/pause.c "$HERE"/node/app.sh "$HERE"/oci-archive.py | sha256sum | cut -c1-12)
+    "$MODULES"/containerd/go.sum "$HERE"/node/pause.c "$HERE"/node/app.sh "$HERE"/oci-archive.py "$HERE"/install-node.sh | sha256sum | cut -c1-12)
 DEST="$TOOLS/node-$KUBERNETES_VERSION-$CONTAINERD_VERSION-$SUM"
 PROGRAMS=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr)
 # Debian's packages and a file each must have.
@@ -112,7 +112,7 @@ python3 "$HERE/oci-archive.py" --out "$work/images/pause.tar" --name "$PAUSE_IMA
     --file "$work/pause:/pause:0755" --user 65535:65535 --entrypoint '["/pause"]' >/dev/null ||
     fail "could not write the pause image"
 app=(--out "$work/images/app.tar" --name "$APP_IMAGE" --file /bin/busybox:/bin/busybox:0755
-    --file "$HERE/node/app.sh:/app:0755" --dir /tmp:1777 --user 65534:65534 --entrypoint '["/app"]'
+    --file "$HERE/node/app.sh:/bin/tier-app:0755" --dir /tmp:1777 --user 65534:65534 --entrypoint '["/bin/tier-app"]'
     --text "/etc/passwd=root:x:0:0:root:/root:/bin/sh
 nobody:x:65534:65534:nobody:/nonexistent:/bin/sh
 " --text "/etc/group=root:x:0:

@@ -293,6 +293,20 @@ EOF
     say "up in $((SECONDS - began)) s: $NODE_COUNT nodes in namespace $NETNS; eval \"\$(scripts/node.sh env)\" then scripts/node.sh run kubectl ..."
 }
 
+# The pids of the processes whose network namespace has inode $1 (shims, containers, anything
+# left), and the shims of this tier's containerds wherever they are.
+in_namespace() {
+    local pid
+    for pid in /proc/[0-9]*; do
+        pid=${pid#/proc/}
+        [ "$pid" != $$ ] || continue
+        if [ "$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null)" = "$1" ] ||
+            tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "^[^ ]*containerd-shim-runc-v2 .*-address $STATE/"; then
+            echo "$pid"
+        fi
+    done | paste -sd' ' -
+}
+
 # Every process of the tier: ours by pid, and any left in the namespace (shims, containers).
 down() {
     local began=$SECONDS f pid
@@ -319,12 +333,17 @@ down() {
         stop_pid "$(pid_of control-plane/kube-apiserver)" 3
         CONFIGHASH_CONTROL_PLANE_DIR="$CP" "$HERE/control-plane.sh" down || true
     fi
-    # Anything else still in the namespace.
+    # Anything else still in the namespace (a shim that a CRI call under way started late), until
+    # none is left.
     if [ -e "/var/run/netns/$NETNS" ]; then
-        local ns
+        local ns deadline=$((SECONDS + 15)) left
         ns=$(stat -L -c %i "/var/run/netns/$NETNS")
-        for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-            [ "$(stat -L -c %i "/proc/$pid/ns/net" 2>/dev/null)" = "$ns" ] && kill -9 "$pid" 2>/dev/null || true
+        while :; do
+            left=$(in_namespace "$ns")
+            [ -n "$left" ] || break
+            [ "$SECONDS" -lt "$deadline" ] || fail "processes left in $NETNS: $left"
+            kill -9 $left 2>/dev/null || true
+            sleep 0.2
         done
     fi
     # Mounts under the state folder (secret and projected volumes, netns files, rootfs), deepest

@@ -191,7 +191,7 @@ def transform(obj):
             ]
             c["image"] = APP_IMAGE
             c["imagePullPolicy"] = "Never"
-            c["command"] = ["/app"]
+            c["command"] = ["/bin/tier-app"]
             c.pop("args", None)
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 c.pop(probe, None)
@@ -206,8 +206,13 @@ def transform(obj):
 
 
 def example_objects(name):
-    listing = json.loads(kubectl("create", "--dry-run=client", "-o", "json", "-f", f"{EXAMPLES}/{name}.yaml"))
-    items = listing["items"] if listing.get("kind") == "List" else [listing]
+    # kubectl reads the YAML; it prints one JSON document per object.
+    text = kubectl("create", "--dry-run=client", "-o", "json", "-f", f"{EXAMPLES}/{name}.yaml")
+    decoder, items, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        obj, end = decoder.raw_decode(text, at + len(text[at:]) - len(text[at:].lstrip()))
+        items += obj["items"] if obj.get("kind") == "List" else [obj]
+        at = end
     return [transform(o) for o in items]
 
 
@@ -292,8 +297,9 @@ def assert_nothing_rolled(before, since, what):
 
 
 def leader():
-    lease = kj("-n", NS, "get", "lease", RELEASE)
-    return lease["spec"].get("holderIdentity")
+    """The pod that holds the Lease (its identity is the pod's name and a suffix per process)."""
+    holder = kj("-n", NS, "get", "lease", RELEASE)["spec"].get("holderIdentity") or ""
+    return holder.rsplit("_", 1)[0] or None
 
 
 def confighash_pods():
