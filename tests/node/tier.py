@@ -12,7 +12,6 @@ before it has been handled.
 
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -38,7 +37,9 @@ RELEASE = "confighash"
 USER = f"system:serviceaccount:{NS}:{RELEASE}"
 CHECKSUM = "confighash.dev/checksum"
 WORKLOAD_RESOURCES = {"deployments", "statefulsets", "daemonsets", "cronjobs"}
-results = []
+# Names of objects a check creates carry this run's mark, so that a check can run again on the
+# same cluster (NODE_ONLY, CONFIGHASH_NODE_KEEP).
+RUN = format(int(time.time()) % 1_000_000, "06d")
 
 
 def log(message):
@@ -477,7 +478,7 @@ def test_helm_upgrade_to_a_new_tag_rolls_nothing():
     while True:
         d = {
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": f"during-upgrade-{created}", "namespace": BARRIER_NS},
+            "metadata": {"name": f"during-upgrade-{RUN}-{created}", "namespace": BARRIER_NS},
             "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "u"}}, "template": {"metadata": {"labels": {"app": "u"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
         }
         kubectl("create", "-f", "-", input=json.dumps(d))
@@ -486,7 +487,7 @@ def test_helm_upgrade_to_a_new_tag_rolls_nothing():
         if p.returncode == 0:
             break
         check(time.monotonic() < deadline, "the upgrade did not finish in 180 s")
-    unstamped = [i for i in range(created) if not stamp(BARRIER_NS, "deployment", f"during-upgrade-{i}")]
+    unstamped = [i for i in range(created) if not stamp(BARRIER_NS, "deployment", f"during-upgrade-{RUN}-{i}")]
     check(not unstamped, f"{len(unstamped)} of {created} Deployments created during the upgrade were admitted unstamped")
     image = kj("-n", NS, "get", "deployment", RELEASE)["spec"]["template"]["spec"]["containers"][0]["image"]
     check(image.endswith(":" + NEXT_TAG), f"the upgrade left the image {image}")
@@ -496,22 +497,31 @@ def test_helm_upgrade_to_a_new_tag_rolls_nothing():
 
 
 def test_both_replicas_down():
+    kubectl("-n", BARRIER_NS, "delete", "deployment,configmap", "while-down", "--ignore-not-found")
     kubectl("-n", NS, "scale", f"deployment/{RELEASE}", "--replicas=0")
     wait("confighash scaled to 0", lambda: not kj("-n", NS, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"], 90)
     policy = kj("get", "mutatingwebhookconfiguration", RELEASE)["webhooks"][0]["failurePolicy"]
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "while-down", "namespace": BARRIER_NS}, "data": {"v": "1"}}
     d = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "while-down", "namespace": BARRIER_NS},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "d"}}, "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "d"}}, "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "while-down"}}]}]}}},
     }
-    p = run(KUBECTL, "apply", "-f", "-", input=json.dumps(d), check=False)
+    p = run(KUBECTL, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [config, d]}), check=False)
     log(f"failurePolicy {policy}, both replicas down: kubectl apply exits {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}")
     check(p.returncode == 0 and policy == "Ignore", "with the chart's failurePolicy Ignore a write must be admitted while confighash is down")
     check(stamp(BARRIER_NS, "deployment", "while-down") is None, "admitted with a stamp while no replica ran")
     kubectl("-n", NS, "scale", f"deployment/{RELEASE}", "--replicas=2")
     kubectl("-n", NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=120s")
     barrier()
-    log(f"once back: the Deployment admitted unstamped has stamp {stamp(BARRIER_NS, 'deployment', 'while-down')!r} (stampExisting is off: it gets one at its next change)")
+    # Reconcile leaves a workload admitted without a stamp (and without an `unstamped` marker)
+    # alone, as one that predates confighash (--stamp-existing off); its next change stamps it.
+    check(stamp(BARRIER_NS, "deployment", "while-down") is None, "reconcile stamped the workload admitted while confighash was down")
+    offset = audit_offset()
+    set_config_map(BARRIER_NS, "while-down", "v", "2")
+    wait("the workload stamped at its next change", lambda: stamp(BARRIER_NS, "deployment", "while-down"), 60)
+    check(writes_since(offset, BARRIER_NS, "while-down") == [(BARRIER_NS, "deployments", "while-down")], "not one write")
+    log("once back: the workload admitted unstamped stays so through reconcile, and is stamped by its next change")
 
 
 def test_drain_the_node_of_a_replica():
@@ -534,13 +544,13 @@ def test_helm_uninstall_leaves_nothing_that_blocks_writes():
     check(not kubectl("get", "mutatingwebhookconfiguration", "-o", "name").strip(), "a webhook configuration is left")
     d = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "after-uninstall", "namespace": BARRIER_NS},
+        "metadata": {"name": f"after-uninstall-{RUN}", "namespace": BARRIER_NS},
         "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}}, "template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE}]}}},
     }
     kubectl("create", "-f", "-", input=json.dumps(d))
     left = kubectl("-n", NS, "get", "secrets,leases", "-o", "name").split()
     log(f"left in {NS} after helm uninstall (made by the pods): {left}")
-    check(all(re.match(r"^(secret/confighash-certs|lease\.coordination\.k8s\.io/confighash)$", x) for x in left), f"unexpected objects left: {left}")
+    check(sorted(left) == ["lease.coordination.k8s.io/confighash", "secret/confighash-certs", "secret/confighash-key"], f"left: {left}, not the key and certificate Secrets and the Lease")
     wait("the pods to end", lambda: not kj("-n", NS, "get", "pods")["items"], 90)
     kubectl("delete", "namespace", NS, "--wait=true", "--timeout=90s")
 
