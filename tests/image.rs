@@ -121,7 +121,11 @@ fn the_image_built_here_has_the_dockerfiles_user_entrypoint_ports_and_labels() {
     assert_eq!(got, labels, "LABEL");
     // The layer holds the program where the entrypoint runs it, and its loader.
     let layer = unpacked.join(docker[0]["Layers"][0].as_str().unwrap());
-    let listing = Command::new("tar").arg("-tvf").arg(&layer).output().unwrap();
+    let listing = Command::new("tar")
+        .arg("-tvf")
+        .arg(&layer)
+        .output()
+        .unwrap();
     let listing = String::from_utf8(listing.stdout).unwrap();
     let entry = entrypoint[0].trim_start_matches('/');
     assert!(
@@ -130,7 +134,12 @@ fn the_image_built_here_has_the_dockerfiles_user_entrypoint_ports_and_labels() {
             .any(|l| l.ends_with(&format!(" {entry}")) && l.starts_with("-rwxr-xr-x")),
         "{entry} executable in the layer:\n{listing}"
     );
-    for file in ["etc/passwd", "etc/group", "etc/ssl/certs/ca-certificates.crt", "tmp/"] {
+    for file in [
+        "etc/passwd",
+        "etc/group",
+        "etc/ssl/certs/ca-certificates.crt",
+        "tmp/",
+    ] {
         assert!(
             listing.lines().any(|l| l.ends_with(&format!(" {file}"))),
             "{file} in the layer"

@@ -135,7 +135,13 @@ async fn replicas_starting_together_share_one_ca_and_publish_it() {
             "both replicas serve the shared pair"
         );
         use std::os::unix::fs::PermissionsExt;
-        let mode = |f: &str| std::fs::metadata(d.path().join(f)).unwrap().permissions().mode() & 0o777;
+        let mode = |f: &str| {
+            std::fs::metadata(d.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
         assert_eq!(mode("tls.key"), 0o600, "the key is its owner's only");
         assert_eq!(mode("tls.crt"), 0o644, "the certificate is readable");
     }

@@ -2006,7 +2006,10 @@ async fn a_streaming_list_without_its_end_bookmark_falls_back_to_pages() {
         .iter()
         .filter(|r| r.verb == "list" && r.resource == "configmaps")
         .count();
-    assert!(lists >= 1, "listed in pages after the streaming list went quiet");
+    assert!(
+        lists >= 1,
+        "listed in pages after the streaming list went quiet"
+    );
 }
 
 #[tokio::test]

@@ -65,48 +65,51 @@ where
     // The paged watch to fall back to, until it is taken: while it is here, the lists stream.
     // `listing`: a streaming list has begun (Init) and not ended (InitDone).
     let state = (streaming, Some((api, paged)), false);
-    futures::stream::unfold(state, move |(mut events, mut fallback, mut listing)| async move {
-        loop {
-            let next = if listing && fallback.is_some() {
-                match tokio::time::timeout(quiet, events.next()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        let (api, paged) = fallback.take()?;
-                        tracing::warn!(
-                            resource = api.resource_url(),
-                            quiet = ?quiet,
-                            "a streaming list sent nothing for this long without the bookmark that ends it (a proxy in between?); listing in pages"
-                        );
-                        events = watcher::watcher(api, paged).boxed();
-                        listing = false;
-                        continue;
+    futures::stream::unfold(
+        state,
+        move |(mut events, mut fallback, mut listing)| async move {
+            loop {
+                let next = if listing && fallback.is_some() {
+                    match tokio::time::timeout(quiet, events.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            let (api, paged) = fallback.take()?;
+                            tracing::warn!(
+                                resource = api.resource_url(),
+                                quiet = ?quiet,
+                                "a streaming list sent nothing for this long without the bookmark that ends it (a proxy in between?); listing in pages"
+                            );
+                            events = watcher::watcher(api, paged).boxed();
+                            listing = false;
+                            continue;
+                        }
                     }
+                } else {
+                    events.next().await
+                };
+                let item = next?;
+                match &item {
+                    Ok(Event::Init) => listing = true,
+                    Ok(Event::InitDone) => listing = false,
+                    _ => {}
                 }
-            } else {
-                events.next().await
-            };
-            let item = next?;
-            match &item {
-                Ok(Event::Init) => listing = true,
-                Ok(Event::InitDone) => listing = false,
-                _ => {}
+                if let Err(e) = &item
+                    && refuses_watch_lists(e)
+                    && let Some((api, paged)) = fallback.take()
+                {
+                    tracing::info!(
+                        resource = api.resource_url(),
+                        error = %crate::cluster::redact::watcher_error(e),
+                        "the API server does not serve streaming lists; listing in pages"
+                    );
+                    events = watcher::watcher(api, paged).boxed();
+                    listing = false;
+                    continue;
+                }
+                return Some((item, (events, fallback, listing)));
             }
-            if let Err(e) = &item
-                && refuses_watch_lists(e)
-                && let Some((api, paged)) = fallback.take()
-            {
-                tracing::info!(
-                    resource = api.resource_url(),
-                    error = %crate::cluster::redact::watcher_error(e),
-                    "the API server does not serve streaming lists; listing in pages"
-                );
-                events = watcher::watcher(api, paged).boxed();
-                listing = false;
-                continue;
-            }
-            return Some((item, (events, fallback, listing)));
-        }
-    })
+        },
+    )
 }
 
 /// Whether the API server refused a watch that asked for a streaming list as not valid for it:
