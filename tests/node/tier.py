@@ -562,7 +562,7 @@ def test_kustomize_install():
         f.write(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
             f"resources: [{os.path.relpath(DEPLOY, overlay)}]\n"
-            f"images:\n  - name: ghcr.io/confighash/confighash\n    newName: {REPOSITORY}\n    newTag: {TAG}\n"
+            f"images:\n  - name: confighash\n    newName: {REPOSITORY}\n    newTag: {TAG}\n"
             "patches:\n  - target: {kind: Deployment, name: confighash}\n"
             "    patch: '[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/imagePullPolicy\", \"value\": \"Never\"}]'\n"
         )
