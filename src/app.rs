@@ -741,8 +741,21 @@ impl Serving {
         background.abort_all();
         if leadership.is_leader() && config.leader_election.enabled {
             // Hand over at once instead of letting the lease run out.
-            if let Err(e) = crate::watcher::leader::release(client, &leader).await {
-                tracing::warn!(error = %e, "could not release the leader lease; it will expire");
+            match crate::watcher::leader::release(client, &leader).await {
+                Ok(_) => {}
+                // An uninstall removes the Role (and with kubectl, the namespace) before the
+                // pods stop: nothing is wrong, the Lease runs out.
+                Err(crate::watcher::leader::ReleaseError(kube::Error::Api(status)))
+                    if status.code == 403 || status.code == 404 =>
+                {
+                    tracing::info!(
+                        code = status.code,
+                        "the leader lease could not be released (its Role or namespace is gone, as in an uninstall); it will expire"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not release the leader lease; it will expire");
+                }
             }
         }
         server.shutdown().await;

@@ -304,7 +304,7 @@ def leader():
 
 
 def confighash_pods():
-    return pods(NS, f"app.kubernetes.io/name=confighash,app.kubernetes.io/instance={RELEASE}")
+    return pods(NS, "app.kubernetes.io/name=confighash")
 
 
 def one_change(ns, kind, name, change, what):
@@ -469,6 +469,33 @@ def admission_failures():
     return total
 
 
+def pod_metric(pod, name):
+    """The sum of a metric's samples on a confighash pod's admin port (its pod IP, port 8080)."""
+    text = run("curl", "-sf", f"http://{pod['status']['podIP']}:8080/metrics").stdout
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name) and not l.startswith("#"))
+
+
+def test_idle_connections_lose_no_review():
+    """kube-apiserver keeps an idle connection to the webhook's Service for 90 s and reuses it: a
+    CREATE sent after the connection sat idle past the old 10 s header timeout is stamped, and
+    no replica counts a connection error."""
+    failures = admission_failures()
+    errors = {p["metadata"]["name"]: pod_metric(p, "confighash_webhook_connection_errors_total") for p in confighash_pods()}
+    for i in range(3):
+        if i:
+            time.sleep(11)  # the scenario itself: a connection idle past 10 s, then a review on it
+        d = {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": f"after-idle-{RUN}-{i}", "namespace": BARRIER_NS},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "i"}}, "template": {"metadata": {"labels": {"app": "i"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
+        }
+        kubectl("create", "-f", "-", input=json.dumps(d))
+        check(stamp(BARRIER_NS, "deployment", f"after-idle-{RUN}-{i}"), f"the CREATE after {11 * i} s idle was admitted unstamped")
+    check(admission_failures() == failures, "the API server counted failed admissions")
+    after = {p["metadata"]["name"]: pod_metric(p, "confighash_webhook_connection_errors_total") for p in confighash_pods()}
+    check(after == errors, f"connection errors counted: before {errors}, after {after}")
+
+
 def test_helm_upgrade_to_a_new_tag_rolls_nothing():
     before, offset, failures = snapshot(), audit_offset(), admission_failures()
     helm("upgrade", RELEASE, CHART, "--namespace", NS, "--reuse-values", "--set", f"image.tag={NEXT_TAG}")
@@ -586,6 +613,7 @@ TESTS = [
     test_change_while_scaled_to_zero_rolls_once_on_return,
     test_leader_deleted_in_a_change_window,
     test_kubelet_and_containerd_restart_roll_nothing,
+    test_idle_connections_lose_no_review,
     test_helm_upgrade_to_a_new_tag_rolls_nothing,
     test_both_replicas_down,
     test_drain_the_node_of_a_replica,
