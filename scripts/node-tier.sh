@@ -51,7 +51,8 @@ cleanup() {
         say "left running (CONFIGHASH_NODE_KEEP=1): eval \"\$(scripts/node.sh env)\"; scripts/node.sh run kubectl get pods -A; scripts/node.sh down"
         exit "$rc"
     fi
-    "$HERE/node.sh" down || true
+    # `down` fails when it leaves a process, a mount, a cgroup or the namespace behind.
+    "$HERE/node.sh" down || rc=1
     exit "$rc"
 }
 "$HERE/node.sh" down >/dev/null 2>&1 || true

@@ -352,16 +352,22 @@ down() {
     while read -r m; do
         umount -l "$m" 2>/dev/null || true
     done < <(awk -v dir="$STATE/" 'index($5, dir) == 1 {print $5}' /proc/self/mountinfo | sort -r)
-    for n in 0 1; do
-        for cg in /sys/fs/cgroup/*/confighash-node-"$n"; do
-            [ -d "$cg" ] || continue
+    # The nodes' cgroups, once the processes killed above have left them.
+    local deadline=$((SECONDS + 15))
+    while compgen -G "/sys/fs/cgroup/*/confighash-node-*" >/dev/null && [ "$SECONDS" -lt "$deadline" ]; do
+        for cg in /sys/fs/cgroup/*/confighash-node-*; do
+            find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | xargs -r kill -9 2>/dev/null || true
             find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
         done
+        compgen -G "/sys/fs/cgroup/*/confighash-node-*" >/dev/null && sleep 0.2
     done
     ip netns del "$NETNS" 2>/dev/null || true
-    local left
-    left=$(awk -v dir="$STATE/" 'index($5, dir) == 1' /proc/self/mountinfo | wc -l)
-    [ "$left" = 0 ] || say "warning: $left mounts left under $STATE"
+    # Nothing may be left: a mount, a cgroup, the namespace.
+    local left=()
+    mapfile -t left < <(awk -v dir="$STATE/" 'index($5, dir) == 1 {print "mount " $5}' /proc/self/mountinfo
+        ls -d /sys/fs/cgroup/*/confighash-node-* 2>/dev/null | sed 's/^/cgroup /'
+        ip netns list 2>/dev/null | awk -v ns="$NETNS" '$1 == ns {print "namespace " ns}')
+    [ ${#left[@]} = 0 ] || fail "left after down: ${left[*]}"
     say "down in $((SECONDS - began)) s (logs kept in $STATE)"
 }
 

@@ -243,44 +243,44 @@ BARRIER_NS = "tier-barrier"
 barrier_count = [0]
 
 
+def barrier_objects(name):
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": BARRIER_NS}, "data": {"n": "0"}},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": BARRIER_NS},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "envFrom": [{"configMapRef": {"name": name}}]}]},
+                },
+            },
+        },
+    ]
+
+
 def barrier():
-    """Changes the barrier's ConfigMap and waits until confighash has rolled its Deployment: every
-    event before the change has been handled by then."""
+    """Changes a ConfigMap and waits until confighash has touched its Deployment: watch events are
+    handled in order, so every event before the change has been handled by then. Each barrier is a
+    new ConfigMap changed once, so no barrier is ever held by the flap guard (the chart's
+    defaults: 5 change windows in 10 minutes)."""
     barrier_count[0] += 1
+    name = f"barrier-{RUN}-{barrier_count[0]}"
+    apply(barrier_objects(name))
+    wait(f"{name} stamped", lambda: stamp(BARRIER_NS, "deployment", name), 30)
     offset = audit_offset()
-    set_config_map(BARRIER_NS, "barrier", "n", str(barrier_count[0]))
-    wait("confighash to touch the barrier", lambda: writes_since(offset, BARRIER_NS, "barrier"), 90)
+    set_config_map(BARRIER_NS, name, "n", "1")
+    wait(f"confighash to touch {name}", lambda: writes_since(offset, BARRIER_NS, name), 90)
 
 
 def make_barrier():
     kubectl("create", "namespace", BARRIER_NS)
     kubectl("label", "namespace", BARRIER_NS, "confighash.dev/enabled=true")
-    objects = [
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "barrier", "namespace": BARRIER_NS}, "data": {"n": "0"}},
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "barrier", "namespace": BARRIER_NS},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": "barrier"}},
-                "template": {
-                    "metadata": {"labels": {"app": "barrier"}},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "app",
-                                "image": APP_IMAGE,
-                                "imagePullPolicy": "Never",
-                                "envFrom": [{"configMapRef": {"name": "barrier"}}],
-                            }
-                        ]
-                    },
-                },
-            },
-        },
-    ]
-    apply(objects)
+    # The ConfigMap the workloads created by the checks below use.
+    apply(barrier_objects("barrier"))
     wait("the barrier stamped", lambda: stamp(BARRIER_NS, "deployment", "barrier"), 30)
 
 
