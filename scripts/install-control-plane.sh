@@ -106,11 +106,9 @@ build() {
         fail "go build in scripts/control-plane/$module failed (see above)"
 }
 
-k8s_ldflags="-X k8s.io/component-base/version.gitVersion=v$KUBERNETES_VERSION"
-k8s_ldflags+=" -X k8s.io/component-base/version.gitMajor=${KUBERNETES_VERSION%%.*}"
-minor=${KUBERNETES_VERSION#*.}
-k8s_ldflags+=" -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
-k8s_ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+# shellcheck source=lib/kubernetes-ldflags.sh
+. "$HERE/lib/kubernetes-ldflags.sh"
+k8s_ldflags=$(kubernetes_ldflags "$KUBERNETES_VERSION")
 k8s_packages=()
 for p in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
     have "$p" || k8s_packages+=("k8s.io/kubernetes/cmd/$p")

@@ -83,11 +83,9 @@ cni_plugins=$(dpkg-query -W -f '${Version}' containernetworking-plugins 2>/dev/n
 work=$(mktemp -d "$TOOLS/node-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-k8s_ldflags="-X k8s.io/component-base/version.gitVersion=v$KUBERNETES_VERSION"
-k8s_ldflags+=" -X k8s.io/component-base/version.gitMajor=${KUBERNETES_VERSION%%.*}"
-minor=${KUBERNETES_VERSION#*.}
-k8s_ldflags+=" -X k8s.io/component-base/version.gitMinor=${minor%%.*}"
-k8s_ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+# shellcheck source=lib/kubernetes-ldflags.sh
+. "$HERE/lib/kubernetes-ldflags.sh"
+k8s_ldflags=$(kubernetes_ldflags "$KUBERNETES_VERSION")
 say "building kubelet and kube-proxy (module kubernetes)"
 (cd "$MODULES/kubernetes" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w $k8s_ldflags" -o "$work/" \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ||
