@@ -387,6 +387,59 @@ def test_config_map_change_rolls_homer_once():
     check('title: "Homelab v2"' in logs, "the new pod's app did not print the new config.yml at start")
 
 
+def events(ns, name, reason):
+    """confighash's Events of a reason on an object, each counted once."""
+    items = kj("-n", ns, "get", "events", "--field-selector", f"involvedObject.name={name},reason={reason}")["items"]
+    return sum(e.get("count") or 1 for e in items if (e.get("reportingComponent") or e.get("source", {}).get("component")) == "confighash")
+
+
+def test_the_rollout_of_a_change_is_recorded_complete():
+    """The real Deployment controller and real pods finish the rollout homer's change started:
+    confighash records one RolloutComplete Event for it."""
+    wait("RolloutComplete on homer", lambda: events("homer", "homer", "RolloutComplete") >= 1, 90)
+    check(events("homer", "homer", "RolloutComplete") == 1, "more than one RolloutComplete for one change")
+
+
+def test_a_rollout_whose_new_pods_crash_is_recorded_stalled():
+    """A change the app cannot start with: the new pod crash-loops, the Deployment passes its
+    progress deadline (ProgressDeadlineExceeded, from the real controller), confighash records
+    RolloutStalled, and the old pod goes on serving the old config."""
+    ns = "tier-stall"
+    kubectl("create", "namespace", ns)
+    kubectl("label", "namespace", ns, "confighash.dev/enabled=true")
+    objects = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app", "namespace": ns}, "data": {"config.yml": "broken: false\n"}},
+        {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app", "namespace": ns},
+            "spec": {
+                "replicas": 1, "progressDeadlineSeconds": 10, "selector": {"matchLabels": {"app": "stall"}},
+                "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {"metadata": {"labels": {"app": "stall"}}, "spec": {
+                    "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "command": ["/bin/tier-app"],
+                                    "env": [{"name": "APP_FILES", "value": "/etc/app/config.yml"}],
+                                    "volumeMounts": [{"name": "config", "mountPath": "/etc/app/config.yml", "subPath": "config.yml"}]}],
+                    "volumes": [{"name": "config", "configMap": {"name": "app"}}]}},
+            },
+        },
+    ]
+    apply(objects)
+    wait("the app rolled out", lambda: rolled_out(ns, "deployment", "app"), 120)
+    old = pods(ns, "app=stall")[0]["metadata"]["name"]
+    offset = audit_offset()
+    set_config_map(ns, "app", "config.yml", "broken: true\n")
+    wait("confighash to touch the app", lambda: writes_since(offset, ns, "app"), 60)
+
+    def deadline_passed():
+        conditions = kj("-n", ns, "get", "deployment", "app")["status"].get("conditions", [])
+        return any(c["type"] == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded" for c in conditions)
+
+    wait("ProgressDeadlineExceeded", deadline_passed, 120)
+    wait("RolloutStalled on the app", lambda: events(ns, "app", "RolloutStalled") >= 1, 60)
+    check("broken: false" in read_in(ns, old, "app", "cat", "/etc/app/config.yml"), "the old pod does not serve the old config")
+    check(writes_since(offset, ns, "app") == [(ns, "deployments", "app")], "confighash touched the stalled Deployment again")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def test_secret_env_change_rolls_searxng_once():
     d = kj("-n", "searxng", "get", "deployment", "searxng")
     env = d["spec"]["template"]["spec"]["containers"][0].get("env", [])
@@ -607,6 +660,8 @@ TESTS = [
     test_quick_start_install,
     test_examples_stamped_at_create,
     test_config_map_change_rolls_homer_once,
+    test_the_rollout_of_a_change_is_recorded_complete,
+    test_a_rollout_whose_new_pods_crash_is_recorded_stalled,
     test_secret_env_change_rolls_searxng_once,
     test_env_from_secret_rolls_litellm_once,
     test_label_only_and_identical_rewrites_roll_nothing,
