@@ -99,6 +99,25 @@ fn manifest(stored: &Value) -> DynamicObject {
     serde_json::from_value(object).unwrap()
 }
 
+/// Replaces the Deployment `web` in `ns` with `object(stored)`, `stored` read just before. On a
+/// real cluster the Deployment controller may write the status in between (409 Conflict): then
+/// it reads and replaces again, as `kubectl replace` users do.
+async fn replace_web(env: &Env, ns: &str, object: impl Fn(&Value) -> DynamicObject) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(env.client.clone(), &env.ns(ns), &api_resource("Deployment"));
+    for attempt in 1.. {
+        let stored = env.get_workload(ns, "Deployment", "web").await.unwrap();
+        match api
+            .replace("web", &PostParams::default(), &object(&stored))
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < 10 => {}
+            Err(e) => panic!("replace of {ns}/web: {e}"),
+        }
+    }
+}
+
 async fn replace_rolls_nothing(test: &str, carried: Carried) {
     let Some(mut env) = Env::controlling(test, Setup::default()).await else {
         return;
@@ -149,11 +168,7 @@ async fn replace_rolls_nothing(test: &str, carried: Carried) {
             "{ns}: {template_annotations:?}"
         );
 
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(env.client.clone(), &env.ns(ns), &api_resource("Deployment"));
-        api.replace("web", &PostParams::default(), &manifest(&before))
-            .await
-            .unwrap();
+        replace_web(&env, ns, manifest).await;
         env.barrier(ns).await;
         assert_eq!(
             env.rollouts(ns, "Deployment", "web").await,
@@ -209,26 +224,17 @@ async fn opting_a_stamped_workload_out_by_replace_rolls_nothing() {
     let stamp = env.stamp("shop", "Deployment", "web").await;
     assert!(stamp.is_some());
 
-    let before = env.get_workload("shop", "Deployment", "web").await.unwrap();
-    let mut object = workload_object(
-        "Deployment",
-        "web",
-        &[("envFrom", "app-env")],
-        json!({"confighash.dev/enabled": "false"}),
-    );
-    object["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"].clone();
-    Api::<DynamicObject>::namespaced_with(
-        env.client.clone(),
-        &env.ns("shop"),
-        &api_resource("Deployment"),
-    )
-    .replace(
-        "web",
-        &PostParams::default(),
-        &serde_json::from_value(object).unwrap(),
-    )
-    .await
-    .unwrap();
+    replace_web(&env, "shop", |stored| {
+        let mut object = workload_object(
+            "Deployment",
+            "web",
+            &[("envFrom", "app-env")],
+            json!({"confighash.dev/enabled": "false"}),
+        );
+        object["metadata"]["resourceVersion"] = stored["metadata"]["resourceVersion"].clone();
+        serde_json::from_value(object).unwrap()
+    })
+    .await;
     env.barrier("shop").await;
     assert_eq!(env.rollouts("shop", "Deployment", "web").await, 0);
     assert_eq!(env.stamp("shop", "Deployment", "web").await, stamp);
