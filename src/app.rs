@@ -70,8 +70,15 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = admission::DEFAULT_REQUEST_TIMEOUT;
 /// The lookups must fit in the request timeout, with this to spare for the body.
 const REQUEST_SLACK: Duration = Duration::from_secs(5);
-/// In-flight requests get this long at shutdown (below the pod's 30 s grace period).
+/// In-flight requests get this long at shutdown (below the pod's 30 s grace period, with
+/// [`SHUTDOWN_DELAY`]).
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// In a cluster, a replica told to stop goes on accepting for this long: its Service endpoint is
+/// removed (EndpointSlice, then kube-proxy's rules) only after the pod is marked terminating, and
+/// until then kube-apiserver's new connections still reach it. A replica that stopped listening
+/// at once failed the reviews sent in that gap, and with `failurePolicy: Ignore` their workloads
+/// were admitted unstamped (seen on the real-node tier during `helm upgrade`).
+pub const SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
 
 // ---------------------------------------------------------------------------------------------
 // The configuration
@@ -121,6 +128,10 @@ pub struct Config {
     pub header_read_timeout: Duration,
     /// How long in-flight requests get to finish at shutdown.
     pub drain_timeout: Duration,
+    /// At shutdown, how long the replica goes on serving as usual (new connections included)
+    /// after `/readyz` turns 503, before it stops accepting and drains: the time the cluster
+    /// takes to stop sending it new connections ([`SHUTDOWN_DELAY`] in a cluster, 0 outside).
+    pub shutdown_delay: Duration,
     /// `--dry-run`: the webhook allows every review without a patch and the watcher records
     /// `WouldRoll` Events instead of touching; no workload is written.
     pub dry_run: bool,
@@ -228,6 +239,7 @@ impl Default for Config {
             cert_poll: CERT_POLL,
             header_read_timeout: HEADER_READ_TIMEOUT,
             drain_timeout: DRAIN_TIMEOUT,
+            shutdown_delay: Duration::ZERO,
             dry_run: false,
         }
     }
@@ -737,6 +749,13 @@ impl Serving {
             mut watcher,
             mut background,
         } = self;
+        if !config.shutdown_delay.is_zero() {
+            // Not ready from now on, and serving as usual until the cluster has stopped sending
+            // new connections here.
+            server.health.set_shutting_down();
+            tracing::info!(delay = ?config.shutdown_delay, "not ready; serving on until the endpoint is removed");
+            tokio::time::sleep(config.shutdown_delay).await;
+        }
         watcher.abort_all();
         background.abort_all();
         if leadership.is_leader() && config.leader_election.enabled {

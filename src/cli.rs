@@ -419,6 +419,11 @@ impl ServeArgs {
                 lease: self.lease.clone(),
             },
             dry_run: self.dry_run,
+            shutdown_delay: if in_cluster {
+                crate::app::SHUTDOWN_DELAY
+            } else {
+                Duration::ZERO
+            },
             ..Config::default()
         }
     }
