@@ -90,7 +90,9 @@ where
                 let item = next?;
                 match &item {
                     Ok(Event::Init) => listing = true,
-                    Ok(Event::InitDone) => listing = false,
+                    // An error ends the watch: the next list begins with its own Init, and the
+                    // backoff before it is no quiet of a live list.
+                    Ok(Event::InitDone) | Err(_) => listing = false,
                     _ => {}
                 }
                 if let Err(e) = &item
