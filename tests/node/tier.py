@@ -243,23 +243,42 @@ BARRIER_NS = "tier-barrier"
 barrier_count = [0]
 
 
+def scaled_down(name, config_map=None):
+    """A Deployment of no replicas in the barrier's namespace (stamped and touched like any, with
+    no pod to wait for), using `config_map` through envFrom."""
+    container = {"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never"}
+    if config_map:
+        container["envFrom"] = [{"configMapRef": {"name": config_map}}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": BARRIER_NS},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container]}},
+        },
+    }
+
+
 def barrier_objects(name):
     return [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": BARRIER_NS}, "data": {"n": "0"}},
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": name, "namespace": BARRIER_NS},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "envFrom": [{"configMapRef": {"name": name}}]}]},
-                },
-            },
-        },
+        scaled_down(name, name),
     ]
+
+
+def create_stamped(name):
+    """Creates a barrier pair and makes sure its Deployment was stamped at CREATE. Right after
+    confighash's replicas turn Ready the API server may not reach them yet, and with
+    `failurePolicy: Ignore` admits the Deployment unstamped: it is then created again."""
+    deadline = time.monotonic() + 90
+    while True:
+        apply(barrier_objects(name))
+        if stamp(BARRIER_NS, "deployment", name):
+            return
+        check(time.monotonic() < deadline, f"{name} was never stamped at CREATE in 90 s")
+        kubectl("-n", BARRIER_NS, "delete", "deployment", name, "--wait=true")
 
 
 def barrier():
@@ -269,8 +288,7 @@ def barrier():
     defaults: 5 change windows in 10 minutes)."""
     barrier_count[0] += 1
     name = f"barrier-{RUN}-{barrier_count[0]}"
-    apply(barrier_objects(name))
-    wait(f"{name} stamped", lambda: stamp(BARRIER_NS, "deployment", name), 30)
+    create_stamped(name)
     offset = audit_offset()
     set_config_map(BARRIER_NS, name, "n", "1")
     wait(f"confighash to touch {name}", lambda: writes_since(offset, BARRIER_NS, name), 90)
@@ -280,8 +298,7 @@ def make_barrier():
     kubectl("create", "namespace", BARRIER_NS)
     kubectl("label", "namespace", BARRIER_NS, "confighash.dev/enabled=true")
     # The ConfigMap the workloads created by the checks below use.
-    apply(barrier_objects("barrier"))
-    wait("the barrier stamped", lambda: stamp(BARRIER_NS, "deployment", "barrier"), 30)
+    create_stamped("barrier")
 
 
 def snapshot():
@@ -417,6 +434,10 @@ def test_a_rollout_whose_new_pods_crash_is_recorded_stalled():
                 "template": {"metadata": {"labels": {"app": "stall"}}, "spec": {
                     "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "command": ["/bin/tier-app"],
                                     "env": [{"name": "APP_FILES", "value": "/etc/app/config.yml"}],
+                                    # Ready only on a config it can run with, as a real app's probe: a
+                                    # crash-looping container is then never Ready for an instant,
+                                    # which the controller would count as progress.
+                                    "readinessProbe": {"exec": {"command": ["/bin/sh", "-c", "! grep -q '^broken: true' /etc/app/config.yml"]}, "periodSeconds": 1},
                                     "volumeMounts": [{"name": "config", "mountPath": "/etc/app/config.yml", "subPath": "config.yml"}]}],
                     "volumes": [{"name": "config", "configMap": {"name": "app"}}]}},
             },
@@ -537,12 +558,7 @@ def test_idle_connections_lose_no_review():
     for i in range(3):
         if i:
             time.sleep(11)  # the scenario itself: a connection idle past 10 s, then a review on it
-        d = {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": f"after-idle-{RUN}-{i}", "namespace": BARRIER_NS},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "i"}}, "template": {"metadata": {"labels": {"app": "i"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
-        }
-        kubectl("create", "-f", "-", input=json.dumps(d))
+        kubectl("create", "-f", "-", input=json.dumps(scaled_down(f"after-idle-{RUN}-{i}", "barrier")))
         check(stamp(BARRIER_NS, "deployment", f"after-idle-{RUN}-{i}"), f"the CREATE after {11 * i} s idle was admitted unstamped")
     check(admission_failures() == failures, "the API server counted failed admissions")
     after = {p["metadata"]["name"]: pod_metric(p, "confighash_webhook_connection_errors_total") for p in confighash_pods()}
@@ -556,12 +572,7 @@ def test_helm_upgrade_to_a_new_tag_rolls_nothing():
     created = 0
     deadline = time.monotonic() + 180
     while True:
-        d = {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": f"during-upgrade-{RUN}-{created}", "namespace": BARRIER_NS},
-            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "u"}}, "template": {"metadata": {"labels": {"app": "u"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "barrier"}}]}]}}},
-        }
-        kubectl("create", "-f", "-", input=json.dumps(d))
+        kubectl("create", "-f", "-", input=json.dumps(scaled_down(f"during-upgrade-{RUN}-{created}", "barrier")))
         created += 1
         # Until the old replicas are gone, not only until the new ones are ready: the reviews sent
         # while an old replica shuts down are the ones at risk.
@@ -583,11 +594,7 @@ def test_both_replicas_down():
     wait("confighash scaled to 0", lambda: not kj("-n", NS, "get", "pods", "-l", f"app.kubernetes.io/instance={RELEASE}")["items"], 90)
     policy = kj("get", "mutatingwebhookconfiguration", RELEASE)["webhooks"][0]["failurePolicy"]
     config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "while-down", "namespace": BARRIER_NS}, "data": {"v": "1"}}
-    d = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "while-down", "namespace": BARRIER_NS},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "d"}}, "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE, "envFrom": [{"configMapRef": {"name": "while-down"}}]}]}}},
-    }
+    d = scaled_down("while-down", "while-down")
     p = run(KUBECTL, "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [config, d]}), check=False)
     log(f"failurePolicy {policy}, both replicas down: kubectl apply exits {p.returncode}: {(p.stdout + p.stderr).strip()[:200]}")
     check(p.returncode == 0 and policy == "Ignore", "with the chart's failurePolicy Ignore a write must be admitted while confighash is down")
@@ -623,12 +630,7 @@ def test_drain_the_node_of_a_replica():
 def test_helm_uninstall_leaves_nothing_that_blocks_writes():
     helm("uninstall", RELEASE, "--namespace", NS, "--wait")
     check(not kubectl("get", "mutatingwebhookconfiguration", "-o", "name").strip(), "a webhook configuration is left")
-    d = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": f"after-uninstall-{RUN}", "namespace": BARRIER_NS},
-        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}}, "template": {"metadata": {"labels": {"app": "x"}}, "spec": {"containers": [{"name": "a", "image": APP_IMAGE}]}}},
-    }
-    kubectl("create", "-f", "-", input=json.dumps(d))
+    kubectl("create", "-f", "-", input=json.dumps(scaled_down(f"after-uninstall-{RUN}")))
     left = kubectl("-n", NS, "get", "secrets,leases", "-o", "name").split()
     log(f"left in {NS} after helm uninstall (made by the pods): {left}")
     check(sorted(left) == ["lease.coordination.k8s.io/confighash", "secret/confighash-certs", "secret/confighash-key"], f"left: {left}, not the key and certificate Secrets and the Lease")
