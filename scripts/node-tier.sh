@@ -7,6 +7,8 @@
 #   scripts/node-tier.sh                 # build, start, check, stop
 #   NODE_ONLY=quick_start_install,examples_stamped_at_create scripts/node-tier.sh   # some checks
 #   CONFIGHASH_NODE_KEEP=1 scripts/node-tier.sh    # leave the cluster running at the end
+#   scripts/node-tier.sh tests/node/gitops.py       # other checks on the same cluster
+#                                                    # (scripts/gitops-tier.sh)
 #
 # Fails (never skips) when something it needs cannot be had.
 set -euo pipefail
@@ -15,6 +17,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 export CONFIGHASH_NODE_DIR="${CONFIGHASH_NODE_DIR:-$ROOT/target/node}"
 STATE="$CONFIGHASH_NODE_DIR"
+CHECKS="$ROOT/${1:-tests/node/tier.py}"
 REPOSITORY=ghcr.io/confighash/confighash
 TAG=0.1.0-tier
 NEXT_TAG=0.1.0-tier-next
@@ -30,6 +33,7 @@ phase() {
     say "$1 ($((SECONDS - phase_began)) s)"
     phase_began=$SECONDS
 }
+[ -f "$CHECKS" ] || fail "no checks at $CHECKS"
 [ "$(id -u)" = 0 ] || fail "the node tier needs root (network namespaces, mounts, cgroups)"
 for tool in go cargo gcc python3 openssl curl ip nsenter flock; do
     command -v "$tool" >/dev/null || fail "$tool is needed for the node tier and is not on PATH"
@@ -73,7 +77,7 @@ NODE_KUBECTL="$BIN/kubectl" NODE_HELM="$HELM" NODE_CHART="$ROOT/charts/confighas
     NODE_IMAGE_NEXT_TAG="$NEXT_TAG" NODE_APP_IMAGE="$(cat "$NODE_BIN/images/app.name")" NODE_EXAMPLES="$ROOT/examples" \
     NODE_SH="$HERE/node.sh" NODE_COUNT="$nodes" NODE_STATE="$STATE" KUBECONFIG="$STATE/control-plane/admin.kubeconfig" \
     HELM_CACHE_HOME="$STATE/helm/cache" HELM_CONFIG_HOME="$STATE/helm/config" HELM_DATA_HOME="$STATE/helm/data" \
-    "$HERE/node.sh" run python3 "$ROOT/tests/node/tier.py" || status=$?
+    "$HERE/node.sh" run python3 "$CHECKS" || status=$?
 phase "the checks: exit $status"
 say "node tier: $((SECONDS - began)) s in all"
 exit "$status"

@@ -98,9 +98,8 @@ def audit_offset():
         return 0
 
 
-def writes_since(offset, namespace=None, name=None):
-    """confighash's patches and updates of workloads since `offset`, as (namespace, resource, name)."""
-    out = []
+def audit_events(offset, user):
+    """The completed requests of `user` since `offset`, in the order the API server answered them."""
     with open(AUDIT, "rb") as f:
         f.seek(offset)
         for line in f:
@@ -108,18 +107,25 @@ def writes_since(offset, namespace=None, name=None):
                 event = json.loads(line)
             except ValueError:
                 continue
-            if event.get("user", {}).get("username") != USER or event.get("stage") != "ResponseComplete":
-                continue
-            if event.get("verb") not in ("patch", "update"):
-                continue
-            ref = event.get("objectRef", {})
-            if ref.get("resource") not in WORKLOAD_RESOURCES or ref.get("subresource"):
-                continue
-            if namespace and ref.get("namespace") != namespace:
-                continue
-            if name and ref.get("name") != name:
-                continue
-            out.append((ref.get("namespace"), ref.get("resource"), ref.get("name")))
+            if event.get("user", {}).get("username") == user and event.get("stage") == "ResponseComplete":
+                yield event
+
+
+def writes_since(offset, namespace=None, name=None, user=USER, verbs=("patch", "update"), resources=WORKLOAD_RESOURCES):
+    """A user's (by default confighash's) writes since `offset`, dry-runs left out, by default its
+    patches and updates of workloads, as (namespace, resource, name)."""
+    out = []
+    for event in audit_events(offset, user):
+        if event.get("verb") not in verbs or "dryRun=" in event.get("requestURI", ""):
+            continue
+        ref = event.get("objectRef", {})
+        if (resources and ref.get("resource") not in resources) or ref.get("subresource"):
+            continue
+        if namespace and ref.get("namespace") != namespace:
+            continue
+        if name and ref.get("name") != name:
+            continue
+        out.append((ref.get("namespace"), ref.get("resource"), ref.get("name")))
     return out
 
 
