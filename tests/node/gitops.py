@@ -31,7 +31,6 @@ STATE = os.path.join(tier.STATE, "gitops")
 GIT_SERVER = os.environ["GITOPS_GIT_SERVER"]
 GIT_PORT = 8418
 ONLY = tier.ONLY
-ENGINE_RESOURCES = None  # every resource
 # The seed's hand-bumped annotation, in git on litellm's pod template until the migration.
 HAND_BUMP = {"config-checksum": "v17-2b1c9e"}
 CYCLES = 5
@@ -147,8 +146,11 @@ def service_account_kubeconfig(ns, name):
     return path, f"system:serviceaccount:{ns}:{name}"
 
 
-def engine_writes(engine, offset, resources=ENGINE_RESOURCES):
-    return writes_since(offset, user=engine.user, verbs=("create", "update", "patch", "delete", "apply"), resources=resources)
+def engine_writes(engine, offset, resources=None):
+    """The engine's writes to what it syncs: its Events and its own objects (in its namespace) left
+    out."""
+    writes = writes_since(offset, user=engine.user, verbs=("create", "update", "patch", "delete"), resources=resources)
+    return [w for w in writes if w[1] != "events" and w[0] != engine.ns]
 
 
 def workload_writes(offset):
@@ -205,6 +207,12 @@ class Flux:
         for kind in ("gitrepository", "kustomization"):
             kubectl("-n", self.ns, "annotate", kind, "examples", f"reconcile.fluxcd.io/requestedAt={mark}", "--overwrite")
         return mark
+
+    def pushed(self):
+        """What Flux's notification-controller does on a git push: the source reconciles now, and
+        the Kustomization follows the new artifact."""
+        mark = f"{time.time():.6f}"
+        kubectl("-n", self.ns, "annotate", "gitrepository", "examples", f"reconcile.fluxcd.io/requestedAt={mark}", "--overwrite")
 
     def reconciled(self, mark):
         return all(kj("-n", self.ns, "get", kind, "examples").get("status", {}).get("lastHandledReconcileAt") == mark for kind in ("gitrepository", "kustomization"))
@@ -296,15 +304,15 @@ class ArgoCD:
         kubectl("-n", self.ns, "annotate", "application", "examples", f"argocd.argoproj.io/compare-options={compare}", "--overwrite")
 
     def refresh(self):
-        """A normal refresh, as the git webhook argocd-server would receive does; returns the
-        reconcile time before it."""
-        before = self.app().get("status", {}).get("reconciledAt", "")
+        """A normal refresh, as argocd-server does when a git webhook reaches it. The controller
+        removes the annotation once the refreshed status is stored."""
         kubectl("-n", self.ns, "annotate", "application", "examples", "argocd.argoproj.io/refresh=normal", "--overwrite")
-        return before
 
-    def reconciled(self, before):
-        app = self.app()
-        return "argocd.argoproj.io/refresh" not in app["metadata"].get("annotations", {}) and app.get("status", {}).get("reconciledAt", "") != before
+    def pushed(self):
+        self.refresh()
+
+    def reconciled(self, _mark):
+        return "argocd.argoproj.io/refresh" not in self.app()["metadata"].get("annotations", {})
 
     def app(self):
         return kj("-n", self.ns, "get", "application", "examples")
@@ -351,8 +359,9 @@ def wait_synced(engine, sha, what, timeout=180):
 
 
 def push(engine, repo, message):
+    """Commits and tells the engine, as a git webhook would."""
     sha = repo.commit(message)
-    engine.refresh()
+    engine.pushed()
     return sha
 
 
