@@ -203,10 +203,15 @@ def transform(obj):
             for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
                 c.pop(probe, None)
             env = [e for e in c.get("env", []) if e["name"] not in ("APP_FILES", "APP_ONCE")]
-            env.append({"name": "APP_FILES", "value": " ".join(files)})
+            # Only when there are files: the API server stores an empty value as none, and an
+            # engine that applies client-side would then patch it back on every sync.
+            if files:
+                env.append({"name": "APP_FILES", "value": " ".join(files)})
             if once:
                 env.append({"name": "APP_ONCE", "value": "1"})
-            c["env"] = env
+            c.pop("env", None)
+            if env:  # an empty list is stored as none, as an empty value above
+                c["env"] = env
             # The app image is busybox: a user the examples' images would have set.
             c.setdefault("securityContext", {}).setdefault("runAsUser", 65534)
     return obj
