@@ -48,8 +48,8 @@ def git(*args, cwd):
 def start(name, args, env=None):
     """Starts a process inside the namespace, its output in STATE/logs/NAME.log."""
     os.makedirs(os.path.join(STATE, "logs"), exist_ok=True)
-    out = open(os.path.join(STATE, "logs", name + ".log"), "ab")
-    p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
+    with open(os.path.join(STATE, "logs", name + ".log"), "ab") as out:
+        p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True)
     processes.append((name, p))
     return p
 
@@ -122,7 +122,6 @@ def find(objects, kind, name):
 
 # --- identities: each engine a ServiceAccount of its own, bound to cluster-admin ---
 def service_account_kubeconfig(ns, name):
-    kubectl("create", "namespace", ns, "--dry-run=client", "-o", "json")
     kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": ns}},
@@ -175,7 +174,7 @@ class Flux:
     def start(self):
         kubectl("apply", "--server-side", "-f", os.path.join(GITOPS, "crds", "flux"))
         established("gitrepositories.source.toolkit.fluxcd.io", "kustomizations.kustomize.toolkit.fluxcd.io")
-        self.kubeconfig, _ = service_account_kubeconfig(self.ns, "source-controller")
+        source_kubeconfig, _ = service_account_kubeconfig(self.ns, "source-controller")
         kustomize_kubeconfig, self.user = service_account_kubeconfig(self.ns, "kustomize-controller")
         storage = os.path.join(STATE, "flux-storage")
         os.makedirs(storage, exist_ok=True)
@@ -184,7 +183,7 @@ class Flux:
             os.path.join(GITOPS, "source-controller"), "--storage-path", storage,
             "--storage-addr", "127.0.0.1:9790", "--storage-adv-addr", "127.0.0.1:9790", "--metrics-addr", "127.0.0.1:9791",
             "--health-addr", "127.0.0.1:9792", "--enable-leader-election=false", "--log-level", "info",
-        ], {**env, "KUBECONFIG": self.kubeconfig})
+        ], {**env, "KUBECONFIG": source_kubeconfig})
         start("kustomize-controller", [
             os.path.join(GITOPS, "kustomize-controller"), "--metrics-addr", "127.0.0.1:9793",
             "--health-addr", "127.0.0.1:9794", "--enable-leader-election=false", "--log-level", "info",
