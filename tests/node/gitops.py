@@ -17,7 +17,6 @@ import shutil
 import subprocess
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tier  # noqa: E402  (the real-node tier's helpers)
@@ -30,7 +29,6 @@ GITOPS = os.environ["GITOPS_BIN"]
 STATE = os.path.join(tier.STATE, "gitops")
 GIT_SERVER = os.environ["GITOPS_GIT_SERVER"]
 GIT_PORT = 8418
-ONLY = tier.ONLY
 # The seed's hand-bumped annotation, in git on litellm's pod template until the migration.
 HAND_BUMP = {"config-checksum": "v17-2b1c9e"}
 CYCLES = 5
@@ -613,23 +611,8 @@ TESTS = [test_install, test_flux, test_argo_cd]
 
 
 def main():
-    passed = failed = 0
     try:
-        for test in TESTS:
-            name = test.__name__[5:]
-            if ONLY and name not in ONLY and name != "install":
-                continue
-            started = time.monotonic()
-            try:
-                test()
-                passed += 1
-                log(f"ok {name} ({time.monotonic() - started:.1f} s)")
-            except Exception as e:
-                failed += 1
-                log(f"FAILED {name} ({time.monotonic() - started:.1f} s): {e}")
-                if not isinstance(e, Failed):
-                    traceback.print_exc()
-                break
+        passed, failed = tier.run_checks(TESTS, always=("install",))
     finally:
         stop()
     for engine, times in RESULTS.items():

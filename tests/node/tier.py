@@ -691,23 +691,30 @@ TESTS = [
 ]
 
 
-def main():
+def run_checks(tests, always=()):
+    """Runs the checks in order (those in NODE_ONLY, and those named in `always`), stopping at the
+    first failure: the later checks build on the earlier. Returns (passed, failed)."""
     passed = failed = 0
-    for test in TESTS:
+    for test in tests:
         name = test.__name__[5:]
-        if ONLY and name not in ONLY:
+        if ONLY and name not in ONLY and name not in always:
             continue
         started = time.monotonic()
         try:
             test()
             passed += 1
             log(f"ok {name} ({time.monotonic() - started:.1f} s)")
-        except Exception as e:  # every failure is reported; the later checks build on the earlier
+        except Exception as e:  # every failure is reported
             failed += 1
             log(f"FAILED {name} ({time.monotonic() - started:.1f} s): {e}")
             if not isinstance(e, Failed):
                 traceback.print_exc()
             break
+    return passed, failed
+
+
+def main():
+    passed, failed = run_checks(TESTS)
     print(f"tier: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
