@@ -213,8 +213,7 @@ class Flux:
     def pushed(self):
         """What Flux's notification-controller does on a git push: the source reconciles now, and
         the Kustomization follows the new artifact."""
-        mark = f"{time.time():.6f}"
-        kubectl("-n", self.ns, "annotate", "gitrepository", "examples", f"reconcile.fluxcd.io/requestedAt={mark}", "--overwrite")
+        kubectl("-n", self.ns, "annotate", "gitrepository", "examples", f"reconcile.fluxcd.io/requestedAt={time.time():.6f}", "--overwrite")
 
     def reconciled(self, mark):
         return all(kj("-n", self.ns, "get", kind, "examples").get("status", {}).get("lastHandledReconcileAt") == mark for kind in ("gitrepository", "kustomization"))
@@ -285,12 +284,11 @@ class ArgoCD:
         ], env)
         wait("argocd-repo-server", lambda: tier.run("curl", "-sf", "http://127.0.0.1:8084/metrics", "-o", "/dev/null", check=False).returncode == 0, 60)
 
-    def create(self, compare=None):
-        self.compare = compare or self.COMPARE
+    def create(self):
         app = {
             "apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
             "metadata": {"name": "examples", "namespace": self.ns, "finalizers": ["resources-finalizer.argocd.argoproj.io"],
-                         "annotations": {"argocd.argoproj.io/compare-options": self.compare}},
+                         "annotations": {"argocd.argoproj.io/compare-options": self.COMPARE}},
             "spec": {
                 "project": "default",
                 "source": {"repoURL": self.repo.url, "targetRevision": "main", "path": "apps"},
@@ -301,7 +299,6 @@ class ArgoCD:
         kubectl("apply", "-f", "-", input=json.dumps(app))
 
     def set_compare(self, compare):
-        self.compare = compare
         kubectl("-n", self.ns, "annotate", "application", "examples", f"argocd.argoproj.io/compare-options={compare}", "--overwrite")
 
     def refresh(self):
