@@ -69,9 +69,9 @@ use std::time::{Duration, Instant};
 
 use apiserver::ApiServer;
 use base64::Engine;
-use confighash::admin::metrics::Metrics;
 use confighash::core::checksum::StampKey;
 use confighash::core::refs::{self, ObjectKind, References, Selection};
+use confighash::metrics::Metrics;
 use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
 use k8s_openapi::ByteString;

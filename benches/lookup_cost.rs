@@ -94,9 +94,9 @@ use std::time::{Duration, Instant};
 
 use apiserver::{HttpsClient, TestCa};
 use base64::Engine;
-use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
+use confighash::metrics::Metrics;
 use confighash::webhook::admission::Webhook;
 use mode::Mode;
 use rustls_pki_types::ServerName;
@@ -741,8 +741,8 @@ mod bare {
     use axum::http::{StatusCode, header};
     use axum::response::IntoResponse;
     use axum::routing::post;
+    use confighash::serving::tls::ALPN_PROTOCOLS;
     use confighash::webhook::lookup::Fetched;
-    use confighash::webhook::tls::ALPN_PROTOCOLS;
     use http_body_util::{BodyExt, Empty};
     use hyper_util::client::legacy::Client;
     use hyper_util::client::legacy::connect::HttpConnector;

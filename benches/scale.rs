@@ -23,13 +23,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use confighash::admin::metrics::Metrics;
 use confighash::cluster::watch::Watched;
 use confighash::core::checksum::StampKey;
 use confighash::core::names::CHECKSUM_ANNOTATION;
 use confighash::core::refs::{ObjectKind, ObjectRef};
 use confighash::core::rules::Lookup;
 use confighash::core::workload::WorkloadKind;
+use confighash::metrics::Metrics;
 use confighash::watcher::index::{
     ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadKey,
 };

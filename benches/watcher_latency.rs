@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use apiserver::{ApiServer, TestCerts};
 use base64::Engine;
-use confighash::admin::metrics::Metrics;
 use confighash::app::{self, App};
+use confighash::metrics::Metrics;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;

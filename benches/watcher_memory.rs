@@ -50,9 +50,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
+use confighash::metrics::Metrics;
 use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
 use futures::StreamExt;

@@ -14,8 +14,8 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
+use confighash::metrics::Metrics;
 use confighash::webhook::admission::Webhook;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::Value;

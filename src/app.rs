@@ -18,12 +18,14 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::admin::health::Health;
-use crate::admin::metrics::Metrics;
 use crate::certs::key::KeyStore;
 use crate::certs::selfsigned::SelfSignedConfig;
 use crate::cluster::Cluster;
 use crate::cluster::get::Getter;
+use crate::metrics::Metrics;
+use crate::serving::health::Health;
+use crate::serving::server::Limits as ConnectionLimits;
+use crate::serving::tls::{CertStore, ClientCaStore};
 use crate::watcher::WatcherConfig;
 use crate::watcher::leader::{LeaderConfig, Leadership};
 use crate::webhook::admission::{self, Webhook};
@@ -31,7 +33,6 @@ use crate::webhook::server::{
     AdminLimits, Fit, Limits, NoRoom, RESERVED_FILES, Running, ServeConfig, ServeError,
     fit_max_connections, open_file_limit, raise_open_file_limit, start_with,
 };
-use crate::webhook::tls::{CertStore, ClientCaStore};
 
 /// Why `confighash serve` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -41,7 +42,7 @@ pub enum RunError {
     #[error(transparent)]
     Key(#[from] crate::certs::key::KeyLoadError),
     #[error(transparent)]
-    Tls(#[from] crate::webhook::tls::TlsError),
+    Tls(#[from] crate::serving::tls::TlsError),
     #[error(transparent)]
     SelfSigned(#[from] crate::certs::selfsigned::SelfSignedError),
     #[error(transparent)]
@@ -605,11 +606,15 @@ impl App {
     /// The bounds of the two ports: `--max-connections`, and a request timeout the lookup
     /// deadline fits in.
     pub fn limits(config: &Config) -> Limits {
+        let defaults = Limits::default();
         Limits {
-            max_connections: config.max_connections,
-            // The lookups must fit, with time to spare for the body.
-            request_timeout: REQUEST_TIMEOUT.max(config.lookup_deadline + REQUEST_SLACK),
-            ..Limits::default()
+            connections: ConnectionLimits {
+                max_connections: config.max_connections,
+                // The lookups must fit, with time to spare for the body.
+                request_timeout: REQUEST_TIMEOUT.max(config.lookup_deadline + REQUEST_SLACK),
+                ..defaults.connections
+            },
+            ..defaults
         }
     }
 

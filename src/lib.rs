@@ -1,28 +1,34 @@
 //! confighash: roll Kubernetes workloads when the ConfigMaps and Secrets they use change.
 //!
-//! One folder per part; each part's `mod.rs` says what it does and what it must not reach:
+//! The binary crate: the command line and what only it does. The parts are crates of their own
+//! under `crates/` (docs/development.md has the map), re-exported here under their short names:
 //!
 //! - [`core`]: reference discovery, the checksum recipe, the stamp rules, the patch and the
 //!   contract's names. Pure: no Kubernetes client, no clock, no I/O. Every other part calls it.
-//! - [`offline`]: `confighash stamp`, the core over YAML files.
-//! - [`explain`]: `confighash explain`, the core over what the live cluster shows.
-//! - [`webhook`]: the mutating admission webhook: reviews, lookups, TLS and the connection limits.
-//! - [`watcher`]: re-touches workloads when their config changes; leader election.
-//! - [`certs`]: the stamp key and the webhook's certificates.
-//! - [`admin`]: the admin port (health) and the metrics.
 //! - [`cluster`]: the Kubernetes client every part that talks to the API server uses, and the
 //!   redaction of what it answers.
+//! - [`metrics`]: the Prometheus metrics every part records into.
+//! - [`serving`]: the hardened HTTPS server for one router, and the admin port.
+//! - [`webhook`]: the mutating admission webhook: reviews, lookups, the decision, the patch.
+//! - [`watcher`]: re-touches workloads when their config changes; leader election.
+//!
+//! And in this crate:
+//!
+//! - [`offline`]: `confighash stamp`, the core over YAML files.
+//! - [`explain`]: `confighash explain`, the core over what the live cluster shows.
+//! - [`certs`]: the stamp key and the webhook's certificates.
 //! - [`app`]: the composition root: `confighash serve` wired from its configuration.
 //! - [`cli`]: the command line.
 
-pub mod admin;
+pub use confighash_cluster as cluster;
+pub use confighash_core as core;
+pub use confighash_metrics as metrics;
+pub use confighash_serving as serving;
+pub use confighash_watcher as watcher;
+pub use confighash_webhook as webhook;
+
 pub mod app;
 pub mod certs;
 pub mod cli;
-pub mod cluster;
-pub mod contracts;
-pub mod core;
 pub mod explain;
 pub mod offline;
-pub mod watcher;
-pub mod webhook;

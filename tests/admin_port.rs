@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use apiserver::ApiServer;
+use confighash::serving::server::Limits as ConnectionLimits;
 use confighash::webhook::server::{AdminLimits, Limits};
 use ports::{DEADLINE, Http, closed_within, open_silent, probe, read_to_close};
 use tokio::net::TcpStream;
@@ -20,7 +21,10 @@ use tokio::time::Instant;
 /// Webhook limits as `serve` has them, with these admin limits.
 fn limits(admin: AdminLimits) -> Limits {
     Limits {
-        admin,
+        connections: ConnectionLimits {
+            admin,
+            ..Limits::default().connections
+        },
         ..Limits::default()
     }
 }
@@ -249,7 +253,7 @@ async fn the_webhook_accepts_while_the_admin_port_is_flooded() {
 /// The admin port's defaults: 64 connections, a 5 s header timeout, 30 s idle.
 #[test]
 fn admin_defaults() {
-    let admin = Limits::default().admin;
+    let admin = Limits::default().connections.admin;
     assert_eq!(admin.max_connections, 64);
     assert_eq!(admin.header_read_timeout, Duration::from_secs(5));
     assert_eq!(admin.idle_timeout, Duration::from_secs(30));

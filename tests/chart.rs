@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use apiserver::selectors::LabelSelector;
 use clap::CommandFactory;
-use confighash::admin::metrics::Metrics;
 use confighash::cli::{Cli, ServeArgs};
+use confighash::metrics::Metrics;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::PodSpec;

@@ -14,8 +14,9 @@ use std::time::Duration;
 use apiserver::{ServingPair, TestCa};
 use clap::Parser;
 use confighash::cli::{Cli, Command};
+use confighash::serving::server::Limits as ConnectionLimits;
+use confighash::serving::tls::{ClientCaStore, TlsError};
 use confighash::webhook::server::{Limits, reserved_connections};
-use confighash::webhook::tls::{ClientCaStore, TlsError};
 use ports::{DEADLINE, Http, Server, closed_within, open_silent, read_to_close};
 use tokio::time::Instant;
 
@@ -50,7 +51,10 @@ impl ClientCa {
 async fn start(max_connections: usize, client_ca: Option<&ClientCa>) -> Server {
     ports::start(
         Limits {
-            max_connections,
+            connections: ConnectionLimits {
+                max_connections,
+                ..Limits::default().connections
+            },
             ..Limits::default()
         },
         // Longer than any test: connections that stall stay until something closes them.

@@ -13,8 +13,8 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use confighash::admin::metrics::Metrics;
 use confighash::core::checksum::StampKey;
+use confighash::metrics::Metrics;
 use confighash::watcher::leader::{self, LeaderConfig};
 use confighash::watcher::{WOULD_ROLL_OUTCOME, WOULD_ROLL_REASON};
 use k8s_openapi::api::core::v1::Namespace;

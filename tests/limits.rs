@@ -16,6 +16,7 @@ use std::time::Duration;
 use clap::Parser;
 use confighash::cli::{Cli, Command};
 use confighash::core::refs::ObjectRef;
+use confighash::serving::server::Limits as ConnectionLimits;
 use confighash::webhook::admission::{MAX_BODY, REVIEW_ALLOWANCE};
 use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use confighash::webhook::server::Limits;
@@ -40,14 +41,16 @@ const KEY: &[u8] = b"limits.rs: a key of 32 bytes!!!!";
 /// Limits for tests: generous, except where a test shortens one.
 fn limits() -> Limits {
     Limits {
-        max_connections: 64,
-        request_timeout: Duration::from_secs(5),
-        idle_timeout: Duration::from_secs(30),
-        http2_keep_alive_interval: Duration::from_secs(30),
-        http2_keep_alive_timeout: Duration::from_secs(10),
-        http2_max_concurrent_streams: 16,
+        connections: ConnectionLimits {
+            max_connections: 64,
+            request_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            http2_keep_alive_interval: Duration::from_secs(30),
+            http2_keep_alive_timeout: Duration::from_secs(10),
+            http2_max_concurrent_streams: 16,
+            ..Limits::default().connections
+        },
         review_memory: 64 * 1024 * 1024,
-        ..Limits::default()
     }
 }
 
@@ -365,7 +368,10 @@ async fn a_trickled_body_is_cut_off_with_408() {
     let server = start(
         Duration::from_secs(5),
         Limits {
-            request_timeout,
+            connections: ConnectionLimits {
+                request_timeout,
+                ..limits().connections
+            },
             ..limits()
         },
     )
@@ -437,7 +443,10 @@ async fn a_review_not_answered_in_time_gets_503() {
     let server = start_with_source(
         Duration::from_secs(5),
         Limits {
-            request_timeout,
+            connections: ConnectionLimits {
+                request_timeout,
+                ..limits().connections
+            },
             ..limits()
         },
         Arc::new(SlowObjects),
@@ -475,7 +484,10 @@ async fn a_kept_alive_connection_serves_reviews_until_it_is_idle() {
     let server = start(
         header_timeout,
         Limits {
-            idle_timeout,
+            connections: ConnectionLimits {
+                idle_timeout,
+                ..limits().connections
+            },
             ..limits()
         },
     )
@@ -531,9 +543,11 @@ async fn reviews_beyond_the_memory_budget_get_503() {
     let server = start(
         Duration::from_secs(5),
         Limits {
+            connections: ConnectionLimits {
+                request_timeout: Duration::from_secs(30),
+                ..limits().connections
+            },
             review_memory: 0,
-            request_timeout: Duration::from_secs(30),
-            ..limits()
         },
     )
     .await;
@@ -610,11 +624,14 @@ async fn http2_caps_streams_and_cuts_off_a_client_that_does_not_answer_pings() {
     let server = start(
         Duration::from_secs(5),
         Limits {
-            http2_max_concurrent_streams: 3,
-            http2_keep_alive_interval: Duration::from_millis(300),
-            http2_keep_alive_timeout: Duration::from_millis(300),
-            idle_timeout: Duration::from_secs(30),
-            request_timeout: Duration::from_secs(30),
+            connections: ConnectionLimits {
+                http2_max_concurrent_streams: 3,
+                http2_keep_alive_interval: Duration::from_millis(300),
+                http2_keep_alive_timeout: Duration::from_millis(300),
+                idle_timeout: Duration::from_secs(30),
+                request_timeout: Duration::from_secs(30),
+                ..limits().connections
+            },
             ..limits()
         },
     )
@@ -698,7 +715,10 @@ async fn the_connection_cap_holds_until_a_connection_closes() {
     let server = start(
         Duration::from_secs(5),
         Limits {
-            max_connections: 2,
+            connections: ConnectionLimits {
+                max_connections: 2,
+                ..limits().connections
+            },
             ..limits()
         },
     )
@@ -769,7 +789,7 @@ fn max_connections_flag() {
         })
     };
     assert_eq!(parse(&[]).unwrap(), 1024);
-    assert_eq!(Limits::default().max_connections, 1024);
+    assert_eq!(Limits::default().connections.max_connections, 1024);
     assert_eq!(parse(&["--max-connections", "16"]).unwrap(), 16);
     for bad in ["0", "-1", "many", "1000001"] {
         assert!(parse(&["--max-connections", bad]).is_err(), "{bad}");
@@ -789,7 +809,10 @@ async fn answers_a_client_never_reads_are_released_with_its_connection_at_the_de
     let server = start(
         Duration::from_secs(5),
         Limits {
-            request_timeout,
+            connections: ConnectionLimits {
+                request_timeout,
+                ..limits().connections
+            },
             ..limits()
         },
     )

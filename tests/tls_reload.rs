@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use apiserver::{ServingPair, TestCa};
 use confighash::certs::certificates;
-use confighash::webhook::tls::{CertStore, TlsError, load_pair};
+use confighash::serving::tls::{CertStore, TlsError, load_pair};
 use hyper::body::{Body as _, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -13,10 +13,10 @@ use build::{
     KEY, Meta, NS, Review, Workload, config_map, patch_of, patched, secret, set_stamp, stamp_of,
     workload,
 };
-use confighash::admin::health::Health;
 use confighash::core::checksum::Recipe;
 use confighash::core::names::CHECKSUM_ANNOTATION as STAMP;
 use confighash::core::workload::WorkloadKind;
+use confighash::serving::health::Health;
 use harness::{Harness, ServeSettings, Served};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

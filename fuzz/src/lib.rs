@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use axum::response::IntoResponse;
 use base64::Engine;
-use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::{self, ObjectDigest, Recipe, RefState, StampKey, Tag};
 use confighash::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
 use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
 use confighash::core::workload::{self, Analysis, WorkloadKind};
+use confighash::metrics::Metrics;
 use confighash::offline::{self, InputError, Source};
 use confighash::webhook::admission::{BadRequest, Webhook};
 use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};

@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -37,36 +36,7 @@ const MAX_ATTEMPTS: u32 = 5;
 /// Backoff after the first transient failure; doubled after each further one.
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 
-/// The current key, swapped atomically when the key Secret changes.
-pub struct KeyStore {
-    key: ArcSwap<StampKey>,
-}
-
-impl KeyStore {
-    pub fn new(key: StampKey) -> Self {
-        KeyStore {
-            key: ArcSwap::from_pointee(key),
-        }
-    }
-
-    /// The key in use now.
-    pub fn current(&self) -> Arc<StampKey> {
-        self.key.load_full()
-    }
-
-    /// Replaces the key; later calls to [`current`](Self::current) return it.
-    pub fn set(&self, key: StampKey) {
-        self.key.store(Arc::new(key));
-    }
-}
-
-impl std::fmt::Debug for KeyStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KeyStore")
-            .field("key_id", &self.current().id())
-            .finish()
-    }
-}
+pub use confighash_core::checksum::KeyStore;
 
 /// Why the key could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -3,9 +3,6 @@
 //! (a CA and serving pair kept in a Secret, its CA published in the webhook configuration).
 //!
 //! Must not reach: the webhook's or the watcher's logic; key material never reaches a log line.
-//!
-//! As paths, checked by [`crate::contracts`]: no `crate::app`, `crate::cli`, `crate::explain`,
-//! `crate::offline`, `crate::watcher`, `crate::webhook`.
 
 pub mod certificates;
 pub mod key;

@@ -14,9 +14,6 @@
 //! Must not reach: any write to the API server (it only reads), the running watcher's or webhook's
 //! state (it says only what the API shows), or the content of a Secret beyond the digests the
 //! recipe takes: no value, and no per-key digest, reaches the output.
-//!
-//! As paths, checked by [`crate::contracts`]: no `crate::app`, `crate::offline`, `crate::watcher`,
-//! `crate::webhook`.
 
 pub mod fetch;
 pub mod model;

@@ -7,9 +7,6 @@
 //!
 //! Must not reach: the API server, the network, or the running webhook's and watcher's state:
 //! it reads files and writes its output.
-//!
-//! As paths, checked by [`crate::contracts`]: no `crate::admin`, `crate::app`, `crate::certs`,
-//! `crate::cluster`, `crate::explain`, `crate::watcher`, `crate::webhook`.
 
 pub mod diff;
 pub mod yaml;

@@ -13,15 +13,15 @@ use std::time::Duration;
 
 use apiserver::https::Reply;
 use apiserver::{ApiServer, HttpsClient, TestCerts};
-use confighash::admin::health::Health;
-use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::{Recipe, StampKey};
 use confighash::core::refs::ObjectRef;
+use confighash::metrics::Metrics;
+use confighash::serving::health::Health;
+use confighash::serving::tls::CertStore;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::lookup::{Fetched, KubeSource, MemoryBudget, ObjectSource};
 use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
-use confighash::webhook::tls::CertStore;
 use futures::future::BoxFuture;
 use k8s_openapi::NamespaceResourceScope;
 use rustls::pki_types::ServerName;

@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apiserver::TestCa;
-use confighash::admin::health::Health;
-use confighash::admin::metrics::Metrics;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
 use confighash::core::refs::ObjectRef;
+use confighash::metrics::Metrics;
+use confighash::serving::health::Health;
+use confighash::serving::tls::{CertStore, ClientCaStore};
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::lookup::{Fetched, MemoryBudget, ObjectSource};
 use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
-use confighash::webhook::tls::{CertStore, ClientCaStore};
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -153,13 +153,13 @@ impl Server {
 
     /// Polls until the webhook port has `n` connections open.
     pub async fn wait_connections(&self, n: usize) {
-        self.wait_for("webhook connections", n, Running::connections)
+        self.wait_for("webhook connections", n, |r: &Running| r.connections())
             .await;
     }
 
     /// Polls until the admin port has `n` connections open.
     pub async fn wait_admin_connections(&self, n: usize) {
-        self.wait_for("admin connections", n, Running::admin_connections)
+        self.wait_for("admin connections", n, |r: &Running| r.admin_connections())
             .await;
     }
 }

@@ -23,11 +23,11 @@ use std::time::Duration;
 
 use apiserver::{ApiServer, TestCerts};
 use base64::Engine;
-use confighash::admin::metrics::Metrics;
 use confighash::app::{self, App};
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::{ObjectView, RefState, StampKey, compute_stamp, is_ignored};
 use confighash::core::refs::{ObjectKind, ObjectRef, References};
+use confighash::metrics::Metrics;
 use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
 use confighash::webhook::server::Running;

@@ -1,0 +1,1221 @@
+//! `confighash serve`: the webhook over TLS and the admin port, with graceful shutdown.
+//!
+//! Every connection to the webhook port is bounded in time and in number ([`Limits`]):
+//!
+//! - at most [`Limits::max_connections`] are served at once; further ones are not accepted (they
+//!   wait in the listen backlog) until one closes; `confighash_webhook_connections` and
+//!   `confighash_webhook_connection_limit_reached_total` show it. With a client CA
+//!   ([`ServeConfig::client_ca`]) the slots are split instead: see [`Limits::max_connections`];
+//! - from accept, the TLS handshake, the protocol detection (HTTP/2 preface or HTTP/1.1) and the
+//!   first complete request head must all arrive within [`ServeConfig::header_read_timeout`];
+//!   later HTTP/1.1 request heads, and the idle time between HTTP/1.1 requests, are bounded by the
+//!   idle limit below (kube-apiserver keeps idle webhook connections for 90 s and reuses them:
+//!   closing one sooner races its next review);
+//! - each request must be answered within [`Limits::request_timeout`] (the router enforces its
+//!   own bounds on reading the body);
+//! - a connection with no request in flight for [`Limits::idle_timeout`] is closed gracefully
+//!   (HTTP/2: GOAWAY), and HTTP/2 peers must answer keep-alive pings.
+//!
+//! The admin port is served by the same machinery over plain HTTP, with its own smaller bounds
+//! ([`AdminLimits`]), so that neither port can use up the file descriptors the other needs
+//! ([`open_files`]).
+
+mod open_files;
+mod pool;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use axum::Router;
+use confighash_metrics::Metrics;
+
+use crate::health::{self, Health};
+use crate::held;
+use crate::tls::{CertStore, ClientCaStore};
+
+pub use open_files::{
+    Fit, NoRoom, OpenFileLimit, RESERVED_FILES, fit_max_connections, open_file_limit,
+    raise_open_file_limit,
+};
+use pool::{EvictingPool, Ticket, evicted};
+
+/// A request must be answered within this from its request head, by default
+/// ([`Limits::request_timeout`]).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Everything a running server needs.
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub certs: Arc<CertStore>,
+    /// With a CA, the webhook requires a client certificate it signed (`--client-ca-file`), and
+    /// connections that present one get slots of their own ([`Limits::max_connections`]).
+    pub client_ca: Option<Arc<ClientCaStore>>,
+    /// What the webhook port serves: one router, its requests bounded by
+    /// [`Limits::request_timeout`] here and by whatever else the router itself enforces.
+    pub router: Router,
+    /// What every part records into; the admin port serves it.
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    /// How often the certificate files (and the client CA) are re-read.
+    pub cert_poll: Duration,
+    /// From accept, the TLS handshake and the first complete request head (HTTP/1.1 or HTTP/2)
+    /// must arrive within this, or the connection is closed. Also bounds each later HTTP/1.1
+    /// request head and the idle time between HTTP/1.1 requests.
+    pub header_read_timeout: Duration,
+    /// How long in-flight requests get to finish at shutdown.
+    pub drain_timeout: Duration,
+}
+
+/// Bounds on the two ports' connections and requests; [`Limits::default`] is what
+/// `confighash serve` uses (with `--max-connections`, lowered to fit the open-file limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Webhook connections served at once (TLS handshakes included). At least 1.
+    ///
+    /// Without a client CA, at the cap no connection is accepted until one closes: new ones wait
+    /// in the listen backlog, so whoever holds every slot (handshakes that never finish,
+    /// connections kept busy) makes everyone else wait.
+    ///
+    /// With a client CA ([`ServeConfig::client_ca`]) a connection that has not finished its
+    /// handshake has not shown a certificate, and once it has, it has shown a valid one (the
+    /// handshake fails otherwise). So the slots are split ([`reserved_connections`]):
+    /// - handshakes in progress take a slot of the *handshake pool*. Accepting never stops: when
+    ///   that pool is full, the connection that has been in its handshake longest is closed to
+    ///   make room. A handshake of the API server takes a round trip or two, so to push it out
+    ///   others must open a whole pool's worth of connections within those milliseconds;
+    /// - a connection whose handshake verified its client certificate moves to the *reserved
+    ///   pool*, which nothing else can take. When it is full, the connection waits (still in the
+    ///   handshake pool) until a slot frees or its first-request deadline passes.
+    pub max_connections: usize,
+    /// A review must be received (body included) and answered within this from its request
+    /// head: a slower body gets 408, a slower answer 503.
+    pub request_timeout: Duration,
+    /// A connection with no request in flight for this long is closed gracefully (HTTP/2:
+    /// GOAWAY, so the client retries nothing; HTTP/1.1: closed between requests, without an
+    /// error). Longer than the API server keeps an idle connection ([`API_SERVER_IDLE`]), so
+    /// that it is the client that closes an idle connection, never the server just as the client
+    /// sends a review on it.
+    pub idle_timeout: Duration,
+    /// How often an HTTP/2 connection is pinged.
+    pub http2_keep_alive_interval: Duration,
+    /// An HTTP/2 connection whose ping is not answered within this is closed.
+    pub http2_keep_alive_timeout: Duration,
+    /// Streams (requests) open at once on one HTTP/2 connection.
+    pub http2_max_concurrent_streams: u32,
+    /// The admin port's bounds.
+    pub admin: AdminLimits,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            idle_timeout: API_SERVER_IDLE + Duration::from_secs(30),
+            http2_keep_alive_interval: Duration::from_secs(20),
+            http2_keep_alive_timeout: Duration::from_secs(10),
+            http2_max_concurrent_streams: 100,
+            admin: AdminLimits::default(),
+        }
+    }
+}
+
+/// With a client CA, how [`Limits::max_connections`] is split: (handshake pool, reserved pool for
+/// connections that showed a valid client certificate). Half each, the reserved pool taking the
+/// odd one; at least one each.
+pub fn reserved_connections(max_connections: usize) -> (usize, usize) {
+    let reserved = max_connections.div_ceil(2).max(1);
+    (max_connections.saturating_sub(reserved).max(1), reserved)
+}
+
+/// Bounds on the plain-HTTP admin port (`/livez`, `/readyz`, `/metrics`).
+///
+/// What must keep working there are kubelet's probes, under any load of other clients. A probe
+/// opens a new TCP connection every time (kubelet's HTTP prober disables keep-alive), sends one
+/// `GET` at once, and fails if the answer has not come within the probe's `timeoutSeconds`
+/// (1 s by default, and in `deploy/`); failed liveness probes restart the pod, failed readiness
+/// probes take it out of the webhook's Service. So a probe needs a slot *at once*, not after the
+/// connections ahead of it in the listen backlog. The admin port therefore never stops
+/// accepting: at [`AdminLimits::max_connections`] the connection admitted longest ago is closed
+/// to make room for the new one. A probe is answered within a millisecond or so of its
+/// connection; to push it out before that, a flood must open `max_connections` connections in
+/// that time. Every connection is also cut off when its first request head is not complete
+/// within [`AdminLimits::header_read_timeout`], and when idle (below), so the slots of an
+/// abandoned flood come back by themselves too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdminLimits {
+    /// Connections open at once; at the cap the oldest is closed to make room. At least 1.
+    pub max_connections: usize,
+    /// From accept, the first complete request head must arrive within this; also each later
+    /// HTTP/1.1 request head, and so the idle time between HTTP/1.1 requests.
+    pub header_read_timeout: Duration,
+    /// An HTTP/2 connection with no request in flight for this long is closed gracefully.
+    pub idle_timeout: Duration,
+}
+
+impl Default for AdminLimits {
+    fn default() -> Self {
+        AdminLimits {
+            max_connections: DEFAULT_ADMIN_MAX_CONNECTIONS,
+            header_read_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The default of `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Connections the admin port holds at once: probes and a few scrapers need a handful.
+pub const DEFAULT_ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// HTTP/2 flow-control windows: what one connection (and one stream) may have sent that the
+/// webhook has not read yet. The API server multiplexes its calls on one connection, so a small
+/// connection window throttles it: at 64/128 KiB an open loop of 1,000 reviews of 21 KiB/s had a
+/// p99 of 239 ms against 2.4 ms at 1 MiB (benches/webhook_tls.rs). Review bodies are read as they
+/// arrive and counted in the review memory, so what a window lets a client park is short-lived.
+/// The admin port takes no bodies and keeps the protocol's default windows.
+const H2_STREAM_WINDOW: u32 = 1024 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// Streams open at once on one HTTP/2 connection to the admin port.
+const ADMIN_H2_STREAMS: u32 = 8;
+/// HTTP/1.1 read buffer: the largest request head, and the most of a body read ahead.
+const H1_MAX_BUF: usize = 64 * 1024;
+/// How much longer than the request timeout a connection closed for idleness may take to close.
+const CLOSE_SLACK: Duration = Duration::from_secs(1);
+/// The admin port's answers are ready at once: a connection closed for idleness gets this long
+/// to send what it has.
+const ADMIN_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long an answer that is made may wait for its client to take it before its connection is
+/// closed. kube-apiserver reads its answers as they come (a 1 MiB window holds a thousand of
+/// them); only a client that keeps its window shut, or stops reading its socket, waits this long.
+const UNSENT_AFTER_MADE: Duration = Duration::from_secs(2);
+/// The connection-limit warning is logged at most this often.
+const CAP_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A started server.
+pub struct Running {
+    pub webhook_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub health: Arc<Health>,
+    stop: watch::Sender<bool>,
+    stop_admin: watch::Sender<bool>,
+    webhook_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+    reload_tasks: Vec<JoinHandle<()>>,
+    open: Arc<AtomicUsize>,
+    admin_open: Arc<AtomicUsize>,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds both ports and starts serving, with the default [`Limits`].
+pub async fn start(config: ServeConfig) -> Result<Running, ServeError> {
+    start_with(config, Limits::default()).await
+}
+
+/// The listen backlog of both ports (tokio's own for `TcpListener::bind`).
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Listens on `addr` as `serve` does: with `SO_REUSEADDR` and a backlog of 1024, and for an IPv6
+/// address on both stacks (`IPV6_V6ONLY` off), so the default `[::]` accepts IPv4 clients too.
+/// Where `[::]` cannot be bound because the host has no IPv6, listens on `0.0.0.0` with the same
+/// port instead and logs it ([`ipv4_fallback`]); any other address is used as it is. Call it
+/// within a Tokio runtime.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    match listen_exactly(addr) {
+        Err(e) => match ipv4_fallback(addr, &e) {
+            Some(v4) => {
+                tracing::info!(requested = %addr, listen = %v4, error = %e,
+                    "IPv6 is not available on this host; listening on IPv4 only");
+                listen_exactly(v4)
+            }
+            None => Err(e),
+        },
+        listening => listening,
+    }
+}
+
+fn listen_exactly(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => {
+            let socket = tokio::net::TcpSocket::new_v6()?;
+            socket2::SockRef::from(&socket).set_only_v6(false)?;
+            socket
+        }
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
+/// Where to listen instead when listening on `addr` failed with `error`: `0.0.0.0` with the same
+/// port when `addr` is the unspecified IPv6 address and the error says the host has no IPv6
+/// (`EAFNOSUPPORT`: the kernel has no IPv6; `EADDRNOTAVAIL`, `EPROTONOSUPPORT`: IPv6 disabled);
+/// `None` otherwise.
+pub fn ipv4_fallback(addr: SocketAddr, error: &std::io::Error) -> Option<SocketAddr> {
+    let SocketAddr::V6(v6) = addr else {
+        return None;
+    };
+    let no_ipv6 = error.kind() == std::io::ErrorKind::AddrNotAvailable
+        || matches!(
+            error.raw_os_error(),
+            Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL | libc::EPROTONOSUPPORT)
+        );
+    (v6.ip().is_unspecified() && no_ipv6)
+        .then(|| SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, v6.port())))
+}
+
+/// The tasks that reload the serving certificate, and the client CA if there is one, when they
+/// change on disk.
+fn reload_tasks(config: &ServeConfig, metrics: &Arc<Metrics>) -> Vec<JoinHandle<()>> {
+    let mut tasks = vec![{
+        let certs = config.certs.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(certs.clone().poll(config.cert_poll, move |result| match result {
+            Ok(false) => {}
+            Ok(true) => {
+                metrics.cert_reload(true);
+                metrics.set_cert_expiry(certs.not_after());
+                tracing::info!("loaded a new serving certificate");
+            }
+            Err(e) => {
+                metrics.cert_reload(false);
+                tracing::error!(error = %e, "the new serving certificate cannot be used; the old one stays in service");
+            }
+        }))
+    }];
+    if let Some(ca) = &config.client_ca {
+        let path = ca.path().to_owned();
+        tasks.push(tokio::spawn(ca.clone().poll(
+            config.cert_poll,
+            move |result| match result {
+                Ok(false) => {}
+                Ok(true) => tracing::info!(path = %path.display(), "loaded a new client CA"),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "the new client CA cannot be used; the old one stays in service"
+                ),
+            },
+        )));
+    }
+    tasks
+}
+
+/// How the webhook port admits connections. Without a client CA one pool, where new
+/// connections wait in the backlog; with one, a handshake pool that makes room for new
+/// connections and a pool reserved for connections with a valid client certificate.
+fn webhook_admission(
+    max_connections: usize,
+    client_ca: bool,
+) -> (Admission, Option<Arc<Semaphore>>) {
+    if client_ca {
+        let (handshakes, reserved) = reserved_connections(max_connections);
+        (
+            Admission::Evict(EvictingPool::new(handshakes)),
+            Some(Arc::new(Semaphore::new(reserved))),
+        )
+    } else {
+        (
+            Admission::Queue {
+                slots: Arc::new(Semaphore::new(max_connections)),
+                max_connections,
+            },
+            None,
+        )
+    }
+}
+
+/// Binds both ports and starts serving within `limits`.
+pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, ServeError> {
+    let bind =
+        |addr: SocketAddr| listen(addr).map_err(|source| ServeError::Listen { addr, source });
+    let listener = bind(config.listen)?;
+    let admin_listener = bind(config.admin_listen)?;
+    let webhook_addr = listener.local_addr().unwrap_or(config.listen);
+    let admin_addr = admin_listener.local_addr().unwrap_or(config.admin_listen);
+    let (stop, stopped) = watch::channel(false);
+    let (stop_admin, admin_stopped) = watch::channel(false);
+
+    let metrics = config.metrics.clone();
+    metrics.set_cert_expiry(config.certs.not_after());
+    config.health.set_certificate_loaded();
+    let reload_tasks = reload_tasks(&config, &metrics);
+    let max_connections = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let open = Arc::new(AtomicUsize::new(0));
+    let acceptor = TlsAcceptor::from(Arc::new(
+        config.certs.server_config_with(config.client_ca.as_ref()),
+    ));
+    let (admission, reserved) = webhook_admission(max_connections, config.client_ca.is_some());
+    let webhook_task = tokio::spawn(serve_port(
+        Port {
+            name: "webhook",
+            listener,
+            at_cap: match admission {
+                Admission::Queue { .. } => "new connections wait until one closes",
+                Admission::Evict(_) => {
+                    "the connection longest in its TLS handshake was closed to make room"
+                }
+            },
+            admission,
+            open: open.clone(),
+            metrics: Some(metrics.clone()),
+        },
+        Connections {
+            security: Security::Tls { acceptor, reserved },
+            router: config.router,
+            builder: http_builder(
+                config.header_read_timeout,
+                limits.idle_timeout,
+                &H2Settings {
+                    keep_alive_interval: limits.http2_keep_alive_interval,
+                    keep_alive_timeout: limits.http2_keep_alive_timeout,
+                    max_concurrent_streams: limits.http2_max_concurrent_streams,
+                    windows: Some((H2_STREAM_WINDOW, H2_CONNECTION_WINDOW)),
+                },
+            ),
+            header_read_timeout: config.header_read_timeout,
+            idle_timeout: limits.idle_timeout,
+            close_timeout: limits.request_timeout + CLOSE_SLACK,
+            answer_deadline: limits.request_timeout + CLOSE_SLACK,
+            metrics: Some(metrics.clone()),
+            unsent_log: unsent_log(),
+            error_log: error_log(),
+        },
+        config.drain_timeout,
+        stopped,
+    ));
+
+    let admin_limits = limits.admin;
+    let admin_open = Arc::new(AtomicUsize::new(0));
+    let admin_task = tokio::spawn(serve_port(
+        Port {
+            name: "admin",
+            listener: admin_listener,
+            admission: Admission::Evict(EvictingPool::new(admin_limits.max_connections)),
+            at_cap: "the oldest connection was closed to make room",
+            open: admin_open.clone(),
+            metrics: None,
+        },
+        Connections {
+            security: Security::Plain,
+            router: health::router(config.health.clone(), metrics),
+            builder: http_builder(
+                admin_limits.header_read_timeout,
+                admin_limits.idle_timeout,
+                &H2Settings {
+                    keep_alive_interval: limits.http2_keep_alive_interval,
+                    keep_alive_timeout: limits.http2_keep_alive_timeout,
+                    max_concurrent_streams: ADMIN_H2_STREAMS,
+                    windows: None,
+                },
+            ),
+            header_read_timeout: admin_limits.header_read_timeout,
+            idle_timeout: admin_limits.idle_timeout,
+            close_timeout: ADMIN_CLOSE_TIMEOUT,
+            answer_deadline: DEFAULT_REQUEST_TIMEOUT + CLOSE_SLACK,
+            metrics: None,
+            unsent_log: unsent_log(),
+            error_log: error_log(),
+        },
+        config.drain_timeout,
+        admin_stopped,
+    ));
+    Ok(Running {
+        webhook_addr,
+        admin_addr,
+        health: config.health,
+        stop,
+        stop_admin,
+        webhook_task,
+        admin_task,
+        reload_tasks,
+        open,
+        admin_open,
+    })
+}
+
+impl Running {
+    /// Connections of the webhook port open now (TLS handshakes included).
+    pub fn connections(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Connections of the admin port open now.
+    pub fn admin_connections(&self) -> usize {
+        self.admin_open.load(Ordering::Relaxed)
+    }
+
+    /// Stops being ready, stops accepting, lets in-flight requests finish (bounded), and stops.
+    /// The admin port answers (`/readyz` with 503) until the webhook has drained.
+    pub async fn shutdown(self) {
+        self.health.set_shutting_down();
+        let _ = self.stop.send(true);
+        let _ = self.webhook_task.await;
+        let _ = self.stop_admin.send(true);
+        let _ = self.admin_task.await;
+        for task in self.reload_tasks {
+            task.abort();
+        }
+    }
+}
+
+/// A port's HTTP/2 settings.
+struct H2Settings {
+    keep_alive_interval: Duration,
+    keep_alive_timeout: Duration,
+    max_concurrent_streams: u32,
+    /// Flow-control windows (stream, connection); `None`: the protocol's defaults.
+    windows: Option<(u32, u32)>,
+}
+
+/// How long kube-apiserver keeps an idle connection to a webhook: its webhook clients take
+/// Go's default transport's `IdleConnTimeout` (`k8s.io/apimachinery/pkg/util/net`
+/// `SetTransportDefaults`, used by `k8s.io/apiserver/pkg/util/webhook`).
+pub const API_SERVER_IDLE: Duration = Duration::from_secs(90);
+
+/// `idle_timeout` bounds the wait for every HTTP/1.1 request head after the first (whose bound is
+/// [`serve_connection`]'s header deadline): [`drive`]'s idle timer closes the connection
+/// gracefully at `idle_timeout`, before hyper's own header timer (set later here) could end it
+/// with an error.
+fn http_builder(
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+    h2: &H2Settings,
+) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // hyper restarts this timer whenever a connection waits for a request head, idle time
+        // between requests included.
+        .header_read_timeout(idle_timeout + header_read_timeout)
+        .max_buf_size(H1_MAX_BUF);
+    let mut http2 = builder.http2();
+    http2
+        .timer(TokioTimer::new())
+        .keep_alive_interval(h2.keep_alive_interval)
+        .keep_alive_timeout(h2.keep_alive_timeout)
+        .max_concurrent_streams(h2.max_concurrent_streams);
+    if let Some((stream, connection)) = h2.windows {
+        http2
+            .initial_stream_window_size(stream)
+            .initial_connection_window_size(connection);
+    }
+    builder
+}
+
+/// A listening port and its connection slots.
+struct Port {
+    /// For logs: `webhook` or `admin`.
+    name: &'static str,
+    listener: TcpListener,
+    admission: Admission,
+    /// For the log: what happens to new connections at the cap.
+    at_cap: &'static str,
+    /// Connections open now, on this server ([`Running::connections`]).
+    open: Arc<AtomicUsize>,
+    /// The webhook's count for `/metrics`; the metrics may be shared by servers (as across a
+    /// restart).
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// How a port keeps to its cap.
+enum Admission {
+    /// At the cap no connection is accepted until one closes: new ones wait in the backlog.
+    Queue {
+        slots: Arc<Semaphore>,
+        max_connections: usize,
+    },
+    /// Every connection is accepted; at the cap the oldest member is closed to make room.
+    Evict(Arc<EvictingPool>),
+}
+
+impl Admission {
+    fn max_connections(&self) -> usize {
+        match self {
+            Admission::Queue {
+                max_connections, ..
+            } => *max_connections,
+            Admission::Evict(pool) => pool.capacity(),
+        }
+    }
+}
+
+/// Waits for a slot of a queue; never for an evicting pool, which needs none.
+async fn queue_slot(admission: &Admission) -> Option<OwnedSemaphorePermit> {
+    match admission {
+        Admission::Queue { slots, .. } => slots.clone().acquire_owned().await.ok(),
+        Admission::Evict(_) => std::future::pending().await,
+    }
+}
+
+/// An accepted connection, counted until dropped; on a queue, its slot.
+struct Slot {
+    _permit: Option<OwnedSemaphorePermit>,
+    open: Arc<AtomicUsize>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Slot {
+    fn new(
+        permit: Option<OwnedSemaphorePermit>,
+        open: Arc<AtomicUsize>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        open.fetch_add(1, Ordering::Relaxed);
+        if let Some(metrics) = &metrics {
+            metrics.connection(true);
+        }
+        Slot {
+            _permit: permit,
+            open,
+            metrics,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.connection(false);
+        }
+    }
+}
+
+/// How a port's connections begin before HTTP.
+#[derive(Clone)]
+enum Security {
+    /// Plain HTTP (the admin port).
+    Plain,
+    /// A TLS handshake first (the webhook). With `reserved`, the handshake requires a client
+    /// certificate, and a connection that completes it moves to those slots.
+    Tls {
+        acceptor: TlsAcceptor,
+        reserved: Option<Arc<Semaphore>>,
+    },
+}
+
+/// What each connection of a port is served with.
+#[derive(Clone)]
+struct Connections {
+    security: Security,
+    router: axum::Router,
+    builder: auto::Builder<TokioExecutor>,
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+    /// How long a connection asked to close because idle may take: what is in flight must be
+    /// answered and, on HTTP/2, a ping answered.
+    close_timeout: Duration,
+    /// From a request's head, its answer must be sent in full within this, or its connection is
+    /// closed.
+    answer_deadline: Duration,
+    metrics: Option<Arc<Metrics>>,
+    /// The warnings for connections closed with answers unsent, and for connections that ended
+    /// in a protocol error (the HTTP/2 library's own warnings are filtered out), rate-limited.
+    unsent_log: Arc<RateLog>,
+    error_log: Arc<RateLog>,
+}
+
+fn unsent_log() -> Arc<RateLog> {
+    Arc::new(RateLog::new(
+        "closed connections whose answers were still unsent at their deadline (the client did not read them)",
+    ))
+}
+
+fn error_log() -> Arc<RateLog> {
+    Arc::new(RateLog::new(
+        "connections ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection)",
+    ))
+}
+
+/// A warning about connections logged at most once per [`CAP_LOG_INTERVAL`], with how many since
+/// the last line: a client can make one a millisecond.
+struct RateLog {
+    what: &'static str,
+    state: std::sync::Mutex<(Option<Instant>, u64)>,
+}
+
+impl RateLog {
+    fn new(what: &'static str) -> Self {
+        RateLog {
+            what,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    fn record(&self, peer: SocketAddr) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.1 += 1;
+        if state.0.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
+            return;
+        }
+        tracing::warn!(%peer, connections = state.1, "{}", self.what);
+        *state = (Some(Instant::now()), 0);
+    }
+}
+
+async fn serve_port(
+    port: Port,
+    connections: Connections,
+    drain_timeout: Duration,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let Port {
+        name,
+        listener,
+        admission,
+        at_cap,
+        open,
+        metrics,
+    } = port;
+    let max_connections = admission.max_connections();
+    let mut tasks = JoinSet::new();
+    // Each connection gets its own receiver, to finish when the server stops.
+    let stop_connections = stopped.clone();
+    // On a queue, a slot first, then a connection: at the cap, new connections stay in the
+    // listen backlog.
+    let mut slot: Option<OwnedSemaphorePermit> = None;
+    let mut cap = CapLog::new(name, at_cap);
+    loop {
+        if let Admission::Queue { slots, .. } = &admission
+            && slot.is_none()
+        {
+            match slots.clone().try_acquire_owned() {
+                Ok(permit) => slot = Some(permit),
+                Err(_) => {
+                    if let Some(metrics) = &metrics {
+                        metrics.connection_limit_reached();
+                    }
+                    cap.reached(max_connections);
+                }
+            }
+        }
+        let waiting = matches!(admission, Admission::Queue { .. }) && slot.is_none();
+        tokio::select! {
+            () = stop_requested(&mut stopped) => break,
+            Some(joined) = tasks.join_next() => {
+                if let Err(e) = joined
+                    && e.is_panic()
+                {
+                    tracing::error!(port = name, error = %e, "a connection task panicked");
+                }
+            }
+            permit = queue_slot(&admission), if waiting => slot = permit,
+            accepted = listener.accept(), if !waiting => match accepted {
+                Ok((tcp, peer)) => {
+                    let accepted_at = Instant::now();
+                    // Small request/response exchanges: Nagle's algorithm would hold replies
+                    // back waiting for the client's delayed ACK.
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+                    }
+                    let ticket = match &admission {
+                        Admission::Queue { .. } => None,
+                        Admission::Evict(pool) => {
+                            let (ticket, full) = pool.admit();
+                            if full {
+                                if let Some(metrics) = &metrics {
+                                    metrics.connection_limit_reached();
+                                }
+                                cap.reached(max_connections);
+                            }
+                            Some(ticket)
+                        }
+                    };
+                    let slot = Slot::new(slot.take(), open.clone(), metrics.clone());
+                    tasks.spawn(serve_connection(
+                        connections.clone(),
+                        tcp,
+                        peer,
+                        accepted_at,
+                        stop_connections.clone(),
+                        slot,
+                        ticket,
+                    ));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(port = name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    drop(slot);
+    // Every connection was told to finish (see `drive`); wait for them, bounded.
+    let drained = tokio::time::timeout(drain_timeout, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            port = name,
+            ?drain_timeout,
+            connections = tasks.len(),
+            "in-flight requests did not finish in time; closing their connections"
+        );
+        tasks.shutdown().await;
+    }
+}
+
+/// Resolves once the server is told to stop (or its handle is gone).
+async fn stop_requested(stopped: &mut watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// Logs that a port's connection limit was reached, at most once per [`CAP_LOG_INTERVAL`].
+struct CapLog {
+    port: &'static str,
+    /// What happens at the cap.
+    then: &'static str,
+    last: Option<Instant>,
+    since_last: u64,
+}
+
+impl CapLog {
+    fn new(port: &'static str, then: &'static str) -> Self {
+        CapLog {
+            port,
+            then,
+            last: None,
+            since_last: 0,
+        }
+    }
+
+    fn reached(&mut self, max_connections: usize) {
+        self.since_last += 1;
+        if self.last.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
+            return;
+        }
+        tracing::warn!(
+            port = self.port,
+            max_connections,
+            times = self.since_last,
+            "connection limit reached; {}",
+            self.then
+        );
+        self.last = Some(Instant::now());
+        self.since_last = 0;
+    }
+}
+
+/// What a connection's requests are doing; the connection's driver watches it.
+#[derive(Debug, Clone, Copy)]
+struct Activity {
+    /// Requests whose head has arrived, since the connection opened.
+    requests: u64,
+    /// Requests being answered now.
+    in_flight: usize,
+    /// When `in_flight` last became 0 (or the connection opened).
+    idle_since: Instant,
+    /// When the oldest request whose answer is not sent in full yet arrived (its answer may be
+    /// made and held back by the client's flow control).
+    oldest_unsent: Option<Instant>,
+    /// When the oldest answer made but not sent in full yet was made.
+    oldest_unsent_made: Option<Instant>,
+}
+
+/// The requests of one connection whose answers are not sent in full yet: when each arrived, and
+/// when its answer was made (None while it is being made).
+#[derive(Default)]
+struct Unsent {
+    next: std::sync::atomic::AtomicU64,
+    started: std::sync::Mutex<std::collections::BTreeMap<u64, (Instant, Option<Instant>)>>,
+}
+
+impl Unsent {
+    /// The oldest arrival and the oldest answer made, of the answers not sent yet.
+    fn oldest(
+        started: &std::collections::BTreeMap<u64, (Instant, Option<Instant>)>,
+    ) -> (Option<Instant>, Option<Instant>) {
+        let arrived = started.values().map(|(at, _)| *at).min();
+        let made = started.values().filter_map(|(_, made)| *made).min();
+        (arrived, made)
+    }
+}
+
+/// Marks one answer unsent until dropped: hyper drops the response body once it is sent in
+/// full, or its stream or connection is gone.
+struct UnsentAnswer {
+    id: u64,
+    unsent: Arc<Unsent>,
+    activity: Arc<watch::Sender<Activity>>,
+}
+
+impl UnsentAnswer {
+    fn start(unsent: Arc<Unsent>, activity: Arc<watch::Sender<Activity>>) -> Self {
+        let id = unsent.next.fetch_add(1, Ordering::Relaxed);
+        let answer = UnsentAnswer {
+            id,
+            unsent,
+            activity,
+        };
+        answer.update(|started| {
+            started.insert(id, (Instant::now(), None));
+        });
+        answer
+    }
+
+    /// Changes the connection's record of unsent answers, and tells its driver the oldest.
+    fn update(
+        &self,
+        change: impl FnOnce(&mut std::collections::BTreeMap<u64, (Instant, Option<Instant>)>),
+    ) {
+        let oldest = {
+            let mut started = self
+                .unsent
+                .started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            change(&mut started);
+            Unsent::oldest(&started)
+        };
+        self.activity
+            .send_modify(|a| (a.oldest_unsent, a.oldest_unsent_made) = oldest);
+    }
+
+    /// The answer is made: from now on only the client's reading holds it.
+    fn made(&self) {
+        self.update(|started| {
+            if let Some(entry) = started.get_mut(&self.id) {
+                entry.1 = Some(Instant::now());
+            }
+        });
+    }
+}
+
+impl Drop for UnsentAnswer {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.update(|started| {
+            started.remove(&id);
+        });
+    }
+}
+
+/// A port's router as a hyper service that reports each request's start and end, and when its
+/// answer has been sent.
+#[derive(Clone)]
+struct Tracked {
+    router: axum::Router,
+    activity: Arc<watch::Sender<Activity>>,
+    unsent: Arc<Unsent>,
+}
+
+/// Marks a request in flight until dropped (answered, or its connection gone).
+struct InFlight(Arc<watch::Sender<Activity>>);
+
+impl InFlight {
+    fn start(activity: Arc<watch::Sender<Activity>>) -> Self {
+        activity.send_modify(|a| {
+            a.requests += 1;
+            a.in_flight += 1;
+        });
+        InFlight(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|a| {
+            a.in_flight -= 1;
+            if a.in_flight == 0 {
+                a.idle_since = Instant::now();
+            }
+        });
+    }
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for Tracked {
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
+        // hyper calls the service once a request head is complete (HTTP/1.1) or a stream's
+        // headers have arrived (HTTP/2).
+        let in_flight = InFlight::start(self.activity.clone());
+        let unsent = UnsentAnswer::start(self.unsent.clone(), self.activity.clone());
+        let router = self.router.clone();
+        Box::pin(async move {
+            let response = router.oneshot(request.map(Body::new)).await;
+            drop(in_flight);
+            unsent.made();
+            response.map(|r| held::hold(r, unsent))
+        })
+    }
+}
+
+/// Why a connection's timer is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// No complete request head yet: the header deadline from accept.
+    FirstRequest,
+    /// No request in flight: the idle limit.
+    Idle,
+    /// Asked to close because idle, and not closed yet.
+    Closing,
+    /// An answer is still unsent past its deadline.
+    Unsent,
+}
+
+/// Serves one accepted connection: on the webhook port the TLS handshake (and with a client CA,
+/// the move to a reserved slot) first, then HTTP until the client closes, a deadline passes, the
+/// server stops or the connection is evicted. `_slot` counts the connection (and on a queue holds
+/// its slot); `ticket` is its place in an evicting pool.
+async fn serve_connection(
+    connections: Connections,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    accepted_at: Instant,
+    stopped: watch::Receiver<bool>,
+    _slot: Slot,
+    mut ticket: Option<Ticket>,
+) {
+    // One deadline from accept to the first complete request head: the handshake, the protocol
+    // detection (which waits for the HTTP/2 preface) and the head itself.
+    let first_deadline = accepted_at + connections.header_read_timeout;
+    let (acceptor, reserved) = match &connections.security {
+        Security::Plain => {
+            let io = TokioIo::new(tcp);
+            return drive(&connections, io, peer, first_deadline, stopped, ticket).await;
+        }
+        Security::Tls { acceptor, reserved } => (acceptor, reserved),
+    };
+    let handshake = tokio::time::timeout_at(first_deadline, acceptor.accept(tcp));
+    let tls = tokio::select! {
+        result = handshake => match result {
+            Ok(Ok(tls)) => tls,
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "TLS handshake timed out");
+                return;
+            }
+        },
+        () = evicted(&mut ticket) => {
+            tracing::debug!(%peer, "TLS handshake closed to make room for a new connection");
+            return;
+        }
+    };
+    // With a client CA the handshake has verified the client's certificate: the connection
+    // leaves the handshake pool for a reserved slot, waiting (still evictable) while all are
+    // taken.
+    let _reserved = match reserved {
+        None => None,
+        Some(slots) => {
+            let permit = tokio::select! {
+                permit = tokio::time::timeout_at(first_deadline, slots.clone().acquire_owned()) => permit,
+                () = evicted(&mut ticket) => {
+                    tracing::debug!(%peer, "closed to make room while waiting for a reserved slot");
+                    return;
+                }
+            };
+            let Ok(Ok(permit)) = permit else {
+                tracing::debug!(%peer, "no reserved slot before the header deadline; closed");
+                return;
+            };
+            ticket = None;
+            Some(permit)
+        }
+    };
+    drive(
+        &connections,
+        TokioIo::new(tls),
+        peer,
+        first_deadline,
+        stopped,
+        ticket,
+    )
+    .await;
+}
+
+/// Serves HTTP on `io` until the client closes, a deadline passes, the server stops or the
+/// connection is evicted (`ticket`).
+async fn drive<I>(
+    connections: &Connections,
+    io: I,
+    peer: SocketAddr,
+    first_deadline: Instant,
+    mut stopped: watch::Receiver<bool>,
+    mut ticket: Option<Ticket>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (activity, mut watched) = watch::channel(Activity {
+        requests: 0,
+        in_flight: 0,
+        idle_since: Instant::now(),
+        oldest_unsent: None,
+        oldest_unsent_made: None,
+    });
+    let service = Tracked {
+        router: connections.router.clone(),
+        activity: Arc::new(activity),
+        unsent: Arc::default(),
+    };
+    let mut conn = pin!(
+        connections
+            .builder
+            .serve_connection_with_upgrades(io, service)
+    );
+    let mut closing_since: Option<Instant> = None;
+    let mut stopping = false;
+    loop {
+        let now = *watched.borrow_and_update();
+        let mut timer: Option<(Instant, Timer)> = None;
+        let mut consider = |at: Instant, why: Timer| {
+            if timer.is_none_or(|(t, _)| at < t) {
+                timer = Some((at, why));
+            }
+        };
+        if now.requests == 0 {
+            consider(first_deadline, Timer::FirstRequest);
+        }
+        if let Some(oldest) = now.oldest_unsent {
+            consider(oldest + connections.answer_deadline, Timer::Unsent);
+        }
+        if let Some(made) = now.oldest_unsent_made {
+            // An answer made and not taken for this long: the client does not read.
+            consider(made + UNSENT_AFTER_MADE, Timer::Unsent);
+        }
+        if let Some(since) = closing_since {
+            // A graceful close needs the requests in flight answered (each bounded by the request
+            // timeout, and none older than the close) and, on HTTP/2, a ping answered.
+            consider(since + connections.close_timeout, Timer::Closing);
+        } else if !stopping && now.requests > 0 && now.in_flight == 0 {
+            consider(now.idle_since + connections.idle_timeout, Timer::Idle);
+        }
+        let sleep = async {
+            match timer {
+                Some((at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    if let Some(metrics) = &connections.metrics {
+                        metrics.connection_error();
+                    }
+                    connections.error_log.record(peer);
+                }
+                return;
+            }
+            Ok(()) = watched.changed() => {}
+            () = stop_requested(&mut stopped), if !stopping => {
+                // Finish what is in flight, then close; the drain timeout bounds the wait.
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = evicted(&mut ticket) => {
+                tracing::debug!(%peer, "closed to make room for a new connection");
+                return;
+            }
+            () = sleep => match timer.map(|(_, why)| why) {
+                Some(Timer::FirstRequest) => {
+                    tracing::debug!(%peer, header_read_timeout = ?connections.header_read_timeout, "no complete request head in time; closed");
+                    return;
+                }
+                Some(Timer::Idle) => {
+                    tracing::debug!(%peer, idle_timeout = ?connections.idle_timeout, "idle; closing");
+                    closing_since = Some(Instant::now());
+                    conn.as_mut().graceful_shutdown();
+                }
+                Some(Timer::Unsent) => {
+                    // The peer does not take its answers (an HTTP/2 stream window kept at 0, or
+                    // a socket not read): closing the connection resets its streams and frees
+                    // their answers, which the request timeout promised to bound.
+                    if let Some(metrics) = &connections.metrics {
+                        metrics.unsent_answer_closed();
+                    }
+                    connections.unsent_log.record(peer);
+                    return;
+                }
+                Some(Timer::Closing) | None => {
+                    tracing::debug!(%peer, "did not close in time; dropped");
+                    return;
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn only_the_unspecified_ipv6_address_falls_back_to_ipv4_and_only_without_ipv6() {
+        let any6: SocketAddr = "[::]:8443".parse().unwrap();
+        let any4: SocketAddr = "0.0.0.0:8443".parse().unwrap();
+        let no_ipv6 = [
+            Error::from_raw_os_error(libc::EAFNOSUPPORT),
+            Error::from_raw_os_error(libc::EADDRNOTAVAIL),
+            Error::from_raw_os_error(libc::EPROTONOSUPPORT),
+            Error::from(ErrorKind::AddrNotAvailable),
+        ];
+        for e in &no_ipv6 {
+            assert_eq!(ipv4_fallback(any6, e), Some(any4), "{e}");
+            assert_eq!(
+                ipv4_fallback("[::]:8080".parse().unwrap(), e),
+                Some("0.0.0.0:8080".parse().unwrap()),
+                "{e}: the same port"
+            );
+            // Any other address is used as it is.
+            for explicit in [
+                "[::1]:8443",
+                "[fd00::1]:8443",
+                "0.0.0.0:8443",
+                "127.0.0.1:8443",
+            ] {
+                assert_eq!(
+                    ipv4_fallback(explicit.parse().unwrap(), e),
+                    None,
+                    "{explicit}"
+                );
+            }
+        }
+        // Other errors are not about IPv6.
+        for e in [
+            Error::from_raw_os_error(libc::EADDRINUSE),
+            Error::from_raw_os_error(libc::EACCES),
+            Error::from(ErrorKind::AddrInUse),
+            Error::from(ErrorKind::PermissionDenied),
+        ] {
+            assert_eq!(ipv4_fallback(any6, &e), None, "{e}");
+        }
+    }
+}

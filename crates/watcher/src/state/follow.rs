@@ -1,0 +1,292 @@
+//! How each rollout ended: after a touch that a config change caused, the leader follows the
+//! workload through the watch it already has, until its controller reports the rollout complete
+//! or stalled, and records that on the workload as an Event.
+//!
+//! Only what this needs is kept, and only for the rollouts followed: the touch's stamp, what
+//! changed and when, and a deadline. Where a rollout stands comes with every watch event of the
+//! workload ([`WorkloadEntry::rollout`], one byte read from its `status`), and is looked at only
+//! for the workloads in [`State::following`].
+//!
+//! - The watch events of the workload that carry the touch's stamp judge it: `Complete` records
+//!   a Normal `RolloutComplete`, `Stalled` (a Deployment past its progress deadline, an Argo
+//!   Rollout `Degraded`) a Warning `RolloutStalled`. Events that carry another stamp and come
+//!   before the touch's own are older than it and ignored; one that comes after it is a newer
+//!   write of the template (another touch, an update): the followed rollout was superseded.
+//! - A StatefulSet or a DaemonSet, whose controllers report no failure, that is not complete
+//!   within `--rollout-timeout` of the touch gets `RolloutStalled`. A Deployment or an Argo
+//!   Rollout is judged by its own controller (`progressDeadlineSeconds`); one that reports
+//!   neither within [`FOLLOW_AT_MOST`] is let go without an Event.
+//! - Touches of reconcile (stale stamps, markers) are not followed: no change is known to name.
+//!   Nor are workloads whose pods do not roll by themselves (`OnDelete`, paused; a workload paused
+//!   while followed is let go), nor CronJobs, which have no rollout.
+//! - A workload deleted while followed (its namespace terminating included) is let go without an
+//!   Event; a new touch of it replaces what was followed, so the Event names the newest change.
+//! - Only the leader follows. A replica that stops leading lets go of everything: a new leader
+//!   does not know what the old one followed, and records no outcome for those rollouts.
+
+use std::time::{Duration, Instant};
+
+use kube::runtime::events::EventType;
+
+use super::{InFlight, State, WorkloadEvent, format_delay};
+use crate::index::{ConfigKey, WorkloadEntry, WorkloadKey};
+use crate::rollout::Progress;
+use confighash_core::workload::WorkloadKind;
+
+pub use confighash_core::names::ROLLOUT_COMPLETE_REASON;
+pub use confighash_core::names::ROLLOUT_STALLED_REASON;
+/// A Deployment or an Argo Rollout whose controller reports neither completion nor a stall
+/// within this of the touch is no longer followed (no Event): its controller may not be running,
+/// or the rollout waits for a person (an Argo Rollout paused at a step).
+pub const FOLLOW_AT_MOST: Duration = Duration::from_secs(24 * 3600);
+
+/// A rollout the leader follows.
+#[derive(Debug)]
+pub(super) struct Following {
+    uid: String,
+    /// The stamp the touch left on the pod template.
+    stamp: String,
+    /// Whether the watch has shown the touch's write: before it, events with another stamp are
+    /// older than the touch.
+    seen: bool,
+    /// What changed: `ConfigMap web-config`, ...
+    what: String,
+    /// When the first change behind the touch was seen on the watch, if known.
+    changed_at: Option<Instant>,
+    touched_at: Instant,
+    /// Judged stalled (StatefulSets and DaemonSets) or let go (the others) at this time.
+    deadline: Instant,
+}
+
+/// What a touch in flight has seen of its workload on the watch: the last event's stamp and
+/// rollout, to judge the rollout from once the touch's result is in (the events of the write and
+/// of the controller's work may come before it).
+pub(super) type WatchedInFlight = (Option<String>, Option<Progress>);
+
+impl State {
+    /// A touch took: follows its rollout, if a config change caused it and the workload's pods
+    /// roll by themselves. It replaces what was followed of the workload.
+    pub(super) fn follow(
+        &mut self,
+        key: &WorkloadKey,
+        touch: &InFlight,
+        stamp: Option<&str>,
+        now: Instant,
+    ) {
+        let kind = key.kind.kind();
+        let (Some(stamp), true) = (stamp, self.leader) else {
+            return;
+        };
+        if self.following.remove(key).is_some() {
+            self.metrics.rollout_outcome("superseded");
+        }
+        if touch.pending.changed.is_empty() || !touch.rolls_by_itself || !has_rollout(kind) {
+            return;
+        }
+        let wait = match kind {
+            WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => self.config.rollout_timeout,
+            _ => FOLLOW_AT_MOST,
+        };
+        let following = Following {
+            uid: touch.uid.clone(),
+            stamp: stamp.to_owned(),
+            seen: false,
+            what: config_names(&touch.pending.changed),
+            changed_at: touch.pending.seen,
+            touched_at: now,
+            deadline: now + wait,
+        };
+        tracing::debug!(workload = %key, "following its rollout");
+        self.following.insert(key.clone(), following);
+        if let Some((Some(seen), progress)) = &touch.watched
+            && seen == stamp
+        {
+            self.rollout_seen(key, *progress, now);
+        }
+    }
+
+    /// A watch event of a workload: what a touch in flight has seen of it, and how its followed
+    /// rollout stands. Called before the index takes the entry.
+    pub(super) fn follow_watched(
+        &mut self,
+        key: &WorkloadKey,
+        entry: &WorkloadEntry,
+        now: Instant,
+    ) {
+        if let Some(touch) = self.in_flight.get_mut(key) {
+            touch.watched = Some((entry.stamp.clone(), entry.rollout));
+        }
+        let Some(following) = self.following.get(key) else {
+            return;
+        };
+        if entry.stamp.as_deref() != Some(following.stamp.as_str()) {
+            if following.seen {
+                // The template was written again since the touch: its rollout is not the one
+                // followed any more (a new touch of ours follows its own).
+                tracing::debug!(workload = %key, "its template changed again: rollout no longer followed");
+                self.stop_following(key, "superseded");
+            }
+            return;
+        }
+        if !entry.rolls_by_itself {
+            tracing::debug!(workload = %key, "paused: rollout no longer followed");
+            self.stop_following(key, "abandoned");
+            return;
+        }
+        self.rollout_seen(key, entry.rollout, now);
+    }
+
+    /// The followed rollout of `key` as an event with the touch's stamp shows it.
+    fn rollout_seen(&mut self, key: &WorkloadKey, progress: Option<Progress>, now: Instant) {
+        let Some(following) = self.following.get_mut(key) else {
+            return;
+        };
+        following.seen = true;
+        match progress {
+            Some(Progress::Complete) => {
+                let Some(f) = self.following.remove(key) else {
+                    return;
+                };
+                self.metrics.rollout_outcome("complete");
+                if let Some(changed_at) = f.changed_at {
+                    self.metrics.observe_rollout_latency(
+                        now.saturating_duration_since(changed_at).as_secs_f64(),
+                    );
+                }
+                tracing::info!(workload = %key, changed = f.what, "rollout complete");
+                let note = format!("pods now run the config of {}, {}", f.what, f.ago(now));
+                self.record(WorkloadEvent {
+                    workload: key.clone(),
+                    uid: f.uid,
+                    type_: EventType::Normal,
+                    reason: ROLLOUT_COMPLETE_REASON,
+                    action: "Rollout",
+                    note,
+                });
+            }
+            Some(Progress::Stalled) => {
+                let Some(f) = self.following.remove(key) else {
+                    return;
+                };
+                let why = match key.kind.kind() {
+                    WorkloadKind::Rollout => "the Argo Rollout is Degraded".to_owned(),
+                    _ => format!(
+                        "it exceeded its progress deadline ({})",
+                        crate::rollout::PROGRESS_DEADLINE_EXCEEDED
+                    ),
+                };
+                self.stalled(key, f, &why, now);
+            }
+            Some(Progress::Rolling) | None => {}
+        }
+    }
+
+    /// Records a Warning `RolloutStalled` for a rollout no longer followed.
+    fn stalled(&mut self, key: &WorkloadKey, f: Following, why: &str, now: Instant) {
+        self.metrics.rollout_outcome("stalled");
+        tracing::warn!(workload = %key, changed = f.what, why, "rollout stalled");
+        self.record(WorkloadEvent {
+            workload: key.clone(),
+            uid: f.uid.clone(),
+            type_: EventType::Warning,
+            reason: ROLLOUT_STALLED_REASON,
+            action: "Rollout",
+            note: format!(
+                "the rollout of the config of {} ({}) stalled: {why}; pods may still run the \
+                 previous config (kubectl rollout status shows where it stands)",
+                f.what,
+                f.ago(now),
+            ),
+        });
+    }
+
+    /// Rollouts whose deadline passed: StatefulSets and DaemonSets stalled, others let go.
+    pub(super) fn follow_due(&mut self, now: Instant) {
+        let due: Vec<WorkloadKey> = self
+            .following
+            .iter()
+            .filter(|(_, f)| f.deadline <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in due {
+            let Some(f) = self.following.remove(&key) else {
+                continue;
+            };
+            match key.kind.kind() {
+                WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => {
+                    let why = format!(
+                        "it is not complete {} after the touch (--rollout-timeout)",
+                        format_delay(self.config.rollout_timeout)
+                    );
+                    self.stalled(&key, f, &why, now);
+                }
+                _ => {
+                    tracing::info!(workload = %key, "no rollout outcome reported in time: no longer followed");
+                    self.metrics.rollout_outcome("abandoned");
+                }
+            }
+        }
+    }
+
+    /// When the next followed rollout's deadline passes.
+    pub(super) fn next_follow_deadline(&self) -> Option<Instant> {
+        self.following.values().map(|f| f.deadline).min()
+    }
+
+    /// Lets go of a workload's followed rollout, if any, counting how it ended.
+    pub(super) fn stop_following(&mut self, key: &WorkloadKey, outcome: &'static str) {
+        if self.following.remove(key).is_some() {
+            self.metrics.rollout_outcome(outcome);
+        }
+    }
+
+    /// Lets go of the followed rollouts `drop` selects, counting them as `outcome`.
+    pub(super) fn stop_following_all(
+        &mut self,
+        outcome: &'static str,
+        mut drop: impl FnMut(&WorkloadKey) -> bool,
+    ) {
+        let before = self.following.len();
+        self.following.retain(|k, _| !drop(k));
+        for _ in self.following.len()..before {
+            self.metrics.rollout_outcome(outcome);
+        }
+    }
+}
+
+impl Following {
+    /// `changed 41s earlier` (or `re-stamped ...` when the change's time is unknown).
+    fn ago(&self, now: Instant) -> String {
+        match self.changed_at {
+            Some(at) => format!(
+                "changed {} earlier",
+                format_delay(now.saturating_duration_since(at))
+            ),
+            None => format!(
+                "re-stamped {} earlier",
+                format_delay(now.saturating_duration_since(self.touched_at))
+            ),
+        }
+    }
+}
+
+/// Whether a workload kind rolls pods when its template changes (a CronJob's next Jobs just use
+/// the new one).
+fn has_rollout(kind: WorkloadKind) -> bool {
+    kind != WorkloadKind::CronJob
+}
+
+/// "ConfigMap a", "ConfigMap a, Secret b"; the first few of many, so an Event's note stays short.
+fn config_names(changed: &std::collections::BTreeSet<ConfigKey>) -> String {
+    const SHOWN: usize = 3;
+    let names: Vec<String> = changed
+        .iter()
+        .take(SHOWN)
+        .map(|(_, r)| r.to_string())
+        .collect();
+    let mut text = names.join(", ");
+    if changed.len() > SHOWN {
+        text += &format!(" and {} more", changed.len() - SHOWN);
+    }
+    text
+}

@@ -1,0 +1,13 @@
+//! The mutating admission webhook: a review in, the objects it references looked up, the core's
+//! decision, the stamp patch out ([`admission`], [`lookup`], [`pruned`]); the memory the reviews
+//! share ([`budget`]); and [`server`], which hands that router to the hardened server.
+//!
+//! Every field of a review is attacker input: it is validated before it reaches a request path,
+//! a log line or a loop bound. It only reads the API server, never writes. Its Cargo.toml keeps
+//! it apart from the watcher: the two agree only through the core's rules.
+
+pub mod admission;
+pub mod budget;
+pub mod lookup;
+pub mod pruned;
+pub mod server;

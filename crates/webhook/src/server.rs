@@ -1,0 +1,112 @@
+//! `confighash serve`'s two ports: the webhook's router ([`admission`]) served by the hardened
+//! server of the serving crate, with the memory the reviews share ([`ReviewLimits`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use confighash_serving::health::Health;
+use confighash_serving::server as serving;
+use confighash_serving::tls::{CertStore, ClientCaStore};
+
+use crate::admission::{self, ReviewLimits, Webhook};
+
+pub use serving::{
+    API_SERVER_IDLE, AdminLimits, DEFAULT_ADMIN_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_REQUEST_TIMEOUT, Fit, NoRoom, OpenFileLimit, RESERVED_FILES, ServeError,
+    fit_max_connections, ipv4_fallback, listen, open_file_limit, raise_open_file_limit,
+    reserved_connections,
+};
+
+/// Everything a running webhook needs.
+pub struct ServeConfig {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub certs: Arc<CertStore>,
+    /// With a CA, the webhook requires a client certificate it signed (`--client-ca-file`), and
+    /// connections that present one get slots of their own
+    /// ([`Limits::max_connections`](serving::Limits::max_connections)).
+    pub client_ca: Option<Arc<ClientCaStore>>,
+    pub webhook: Arc<Webhook>,
+    pub health: Arc<Health>,
+    /// How often the certificate files (and the client CA) are re-read.
+    pub cert_poll: Duration,
+    /// From accept, the TLS handshake and the first complete request head must arrive within
+    /// this ([`serving::ServeConfig::header_read_timeout`]).
+    pub header_read_timeout: Duration,
+    /// How long in-flight requests get to finish at shutdown.
+    pub drain_timeout: Duration,
+}
+
+/// The connection bounds of both ports, and the memory the reviews may hold at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub connections: serving::Limits,
+    /// Memory reviews may hold at once, all connections together: their body buffers, what
+    /// parsing them takes, and an allowance each ([`ReviewLimits`]). A review that finds no room
+    /// gets 503. At least [`admission::MIN_REVIEW_MEMORY`].
+    pub review_memory: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: serving::Limits::default(),
+            review_memory: admission::DEFAULT_REVIEW_MEMORY,
+        }
+    }
+}
+
+/// A started webhook: the server, and the review budget it serves with.
+pub struct Running {
+    server: serving::Running,
+    reviews: ReviewLimits,
+}
+
+impl std::ops::Deref for Running {
+    type Target = serving::Running;
+
+    fn deref(&self) -> &serving::Running {
+        &self.server
+    }
+}
+
+impl Running {
+    /// Bytes of the review memory budget ([`Limits::review_memory`]) held now.
+    pub fn review_memory_in_use(&self) -> usize {
+        self.reviews.memory_in_use()
+    }
+
+    /// Stops being ready, stops accepting, lets in-flight reviews finish (bounded), and stops
+    /// ([`serving::Running::shutdown`]).
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
+    }
+}
+
+/// Binds both ports and starts serving, with the default [`Limits`].
+pub async fn start(config: ServeConfig) -> Result<Running, ServeError> {
+    start_with(config, Limits::default()).await
+}
+
+/// Binds both ports and starts serving within `limits`.
+pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, ServeError> {
+    let reviews = ReviewLimits::new(limits.connections.request_timeout, limits.review_memory);
+    let server = serving::start_with(
+        serving::ServeConfig {
+            listen: config.listen,
+            admin_listen: config.admin_listen,
+            certs: config.certs,
+            client_ca: config.client_ca,
+            router: admission::router_with(config.webhook.clone(), reviews.clone()),
+            metrics: config.webhook.metrics().clone(),
+            health: config.health,
+            cert_poll: config.cert_poll,
+            header_read_timeout: config.header_read_timeout,
+            drain_timeout: config.drain_timeout,
+        },
+        limits.connections,
+    )
+    .await?;
+    Ok(Running { server, reviews })
+}
