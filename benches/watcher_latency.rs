@@ -104,7 +104,8 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration, mo
         println!("NOTE: not full scale; figures are not the recorded ones");
     }
     let api = ApiServer::start().await;
-    let cluster = confighash::cluster::Cluster::new(api.config()).expect("a client");
+    let cluster =
+        confighash::cluster::Cluster::new(api.config(), confighash::app::READS).expect("a client");
     let client = cluster.client.clone();
     // confighash, as `confighash serve` starts it, with the webhook registered as
     // tests/e2e/support.rs does; the watcher starts once the objects exist.

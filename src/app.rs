@@ -59,6 +59,11 @@ pub enum RunError {
     WatchNamespace(String),
 }
 
+/// What `confighash serve`'s client reads: what its parts declare, together.
+pub const READS: crate::cluster::client::Reads = crate::watcher::READS
+    .and(crate::webhook::READS)
+    .and(crate::certs::READS);
+
 /// How often the certificate files are re-read.
 pub const CERT_POLL: Duration = Duration::from_secs(10);
 /// From accept, a client must finish its TLS handshake and send its first request head within

@@ -170,7 +170,8 @@ async fn run(mut config: app::Config) -> Result<(), RunError> {
     let kube_config = kube::Config::infer()
         .await
         .map_err(|e| RunError::Client(kube::Error::InferConfig(e)))?;
-    let cluster = confighash::cluster::Cluster::new(kube_config).map_err(RunError::Client)?;
+    let cluster =
+        confighash::cluster::Cluster::new(kube_config, app::READS).map_err(RunError::Client)?;
     App::from_config(config, cluster)
         .await?
         .run_until(app::shutdown_signal())

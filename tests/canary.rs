@@ -930,9 +930,9 @@ async fn no_secret_byte_reaches_a_log_line_whatever_the_api_server_answers() {
         &[
             "kube_client",
             "kube_runtime::watcher",
-            "confighash::watcher",
-            "confighash::webhook::admission",
-            "confighash::cluster::client",
+            "confighash_watcher",
+            "confighash_webhook::admission",
+            "confighash_cluster::client",
         ],
     );
 
@@ -1000,7 +1000,7 @@ async fn no_secret_byte_reaches_a_log_line_whatever_the_api_server_answers() {
         &[
             "kube_client",
             "confighash::certs::key",
-            "confighash::cluster::client",
+            "confighash_cluster::client",
         ],
     );
 }
@@ -1055,7 +1055,7 @@ async fn a_conforming_api_servers_answers_pass_the_layer() {
         .unwrap();
     let mut config = server.config();
     config.default_namespace = APP_NS.into();
-    let client = confighash::cluster::client::build(config).unwrap();
+    let client = confighash::cluster::client::build(config, confighash::app::READS).unwrap();
 
     // Secrets: create, get, create again (409), replace, list, delete, absent.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), APP_NS);
@@ -1185,11 +1185,11 @@ async fn a_conforming_api_servers_answers_pass_the_layer() {
     let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
     let withheld: Vec<&str> = logs
         .lines()
-        .filter(|l| l.contains("WARN") && l.contains("confighash::cluster::client"))
+        .filter(|l| l.contains("WARN") && l.contains("confighash_cluster::client"))
         .collect();
     assert!(withheld.is_empty(), "answers were withheld:\n{withheld:#?}");
     assert!(
-        logs.contains("confighash::cluster::client"),
+        logs.contains("confighash_cluster::client"),
         "the layer saw the 404 and 409 answers"
     );
 }

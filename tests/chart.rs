@@ -1204,6 +1204,7 @@ fn the_monitoring_kit_uses_exported_metrics() {
     }
     let mut code = String::new();
     sources(&root().join("src"), &mut code);
+    sources(&root().join("crates"), &mut code);
     // And their series exist from the start, at 0, so `rate()` and `increase()` see the first
     // one counted.
     let scrape = Metrics::new().encode();

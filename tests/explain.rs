@@ -51,7 +51,8 @@ async fn install_key(env: &Env) {
 /// Runs `confighash explain ARGS` through the library entry point, as the user's (superuser)
 /// kubeconfig would, behind the sanitising client.
 async fn explain(env: &Env, args: &[&str]) -> Report {
-    let client = confighash::cluster::client::build(env.api().config()).unwrap();
+    let client =
+        confighash::cluster::client::build(env.api().config(), confighash::explain::READS).unwrap();
     explain_with(client, args).await
 }
 
@@ -586,7 +587,11 @@ async fn viewer(env: &Env) -> kube::Client {
             groups: vec!["system:authenticated".into()],
         },
     );
-    confighash::cluster::client::build(api.config_with_token("alice-token")).unwrap()
+    confighash::cluster::client::build(
+        api.config_with_token("alice-token"),
+        confighash::explain::READS,
+    )
+    .unwrap()
 }
 
 #[tokio::test]

@@ -4,6 +4,12 @@
 //!
 //! Must not reach: the webhook's or the watcher's logic; key material never reaches a log line.
 
+use crate::cluster::client::{Reads, Resource};
+
+/// What the key and the self-signed certificates read: their Secrets, and the webhook
+/// configuration the CA is published in.
+pub const READS: Reads = Reads::of(&[Resource::Secrets, Resource::MutatingWebhookConfigurations]);
+
 pub mod certificates;
 pub mod key;
 pub mod selfsigned;

@@ -15,6 +15,19 @@
 //! state (it says only what the API shows), or the content of a Secret beyond the digests the
 //! recipe takes: no value, and no per-key digest, reaches the output.
 
+use crate::cluster::client::{Reads, Resource};
+
+/// What `explain` reads: the workload, its config, namespaces, the webhook configuration and
+/// the workload's Events.
+pub const READS: Reads = Reads::of(&[
+    Resource::ConfigMaps,
+    Resource::Secrets,
+    Resource::Namespaces,
+    Resource::Events,
+    Resource::MutatingWebhookConfigurations,
+    Resource::Workloads,
+]);
+
 pub mod fetch;
 pub mod model;
 pub mod observed;
@@ -182,7 +195,7 @@ pub async fn connect(
             .await
             .map_err(|e| format!("no usable kubeconfig or in-cluster config: {e}"))?,
     };
-    crate::cluster::client::build(config).map_err(|e| kube_message(&e))
+    crate::cluster::client::build(config, READS).map_err(|e| kube_message(&e))
 }
 
 fn kube_message(e: &kube::Error) -> String {

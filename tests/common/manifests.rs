@@ -1432,7 +1432,7 @@ pub async fn run_code_under_rbac(
     config.default_namespace = own.into();
     // As `serve` builds it.
     let getter = confighash::cluster::get::Getter::new(&config).unwrap();
-    let client = confighash::cluster::client::build(config).unwrap();
+    let client = confighash::cluster::client::build(config, confighash::app::READS).unwrap();
 
     // RBAC is enforced: confighash may not write config.
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), APP);

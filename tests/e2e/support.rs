@@ -202,7 +202,7 @@ impl Env {
         // ServiceAccount's namespace.
         let mut config = api.config_with_token("confighash-token");
         config.default_namespace = "confighash".into();
-        let cluster = confighash::cluster::Cluster::new(config).unwrap();
+        let cluster = confighash::cluster::Cluster::new(config, confighash::app::READS).unwrap();
         let confighash = cluster.client.clone();
         let getter = cluster.getter.clone();
         let certs = TestCerts::generate();
@@ -372,7 +372,8 @@ impl Env {
              (`kubectl delete namespace -l {RUN_LABEL}` removes any left)"
         );
         Env {
-            confighash: confighash::cluster::client::build(config.clone()).expect("a client"),
+            confighash: confighash::cluster::client::build(config.clone(), confighash::app::READS)
+                .expect("a client"),
             getter: confighash::cluster::get::Getter::new(&config).expect("a getter"),
             client,
             api: None,

@@ -24,6 +24,7 @@
 //! A kubeconfig with a proxy is served through `kube::Client` instead ([`Getter::from_client`]),
 //! as is a getter built from a client alone.
 
+use crate::client::Reads;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -148,7 +149,7 @@ impl Getter {
     pub fn new(config: &kube::Config) -> Result<Getter, kube::Error> {
         if config.proxy_url.is_some() {
             // kube's client speaks to SOCKS and HTTP proxies; the connections here do not.
-            let client = crate::client::build(config.clone())?;
+            let client = crate::client::build(config.clone(), Reads::NONE)?;
             return Ok(Getter::from_client(client));
         }
         let mut http = HttpConnector::new();
@@ -179,7 +180,10 @@ impl Getter {
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         else {
             // kube connects to no URL without a host either; its client says why.
-            return Ok(Getter::from_client(crate::client::build(config.clone())?));
+            return Ok(Getter::from_client(crate::client::build(
+                config.clone(),
+                Reads::NONE,
+            )?));
         };
         Ok(Getter {
             inner: Inner::Direct(Arc::new(Direct {

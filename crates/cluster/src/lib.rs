@@ -24,10 +24,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn new(config: kube::Config) -> Result<Cluster, kube::Error> {
+    /// The client lets through answers about the resources of `reads` (what the parts declare).
+    pub fn new(config: kube::Config, reads: client::Reads) -> Result<Cluster, kube::Error> {
         let getter = Getter::new(&config)?;
         Ok(Cluster {
-            client: client::build(config)?,
+            client: client::build(config, reads)?,
             getter,
         })
     }

@@ -15,6 +15,19 @@
 //! of any object beyond its digests. Its Cargo.toml keeps the first: of confighash's crates it
 //! depends on the core, the cluster edge and the metrics.
 
+use confighash_cluster::client::{Reads, Resource};
+
+/// What the watcher reads through the client: the config it digests, namespaces, the workloads
+/// it touches, the Events it records and the Lease of its election.
+pub const READS: Reads = Reads::of(&[
+    Resource::ConfigMaps,
+    Resource::Secrets,
+    Resource::Namespaces,
+    Resource::Events,
+    Resource::Leases,
+    Resource::Workloads,
+]);
+
 pub mod flap;
 pub mod index;
 pub mod leader;

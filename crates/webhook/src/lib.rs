@@ -6,6 +6,12 @@
 //! a log line or a loop bound. It only reads the API server, never writes. Its Cargo.toml keeps
 //! it apart from the watcher: the two agree only through the core's rules.
 
+use confighash_cluster::client::{Reads, Resource};
+
+/// What the webhook reads: the ConfigMaps and Secrets a review references (through the lean
+/// getter, which reads the bodies itself; through the client when a proxy is configured).
+pub const READS: Reads = Reads::of(&[Resource::ConfigMaps, Resource::Secrets]);
+
 pub mod admission;
 pub mod budget;
 pub mod lookup;
