@@ -9,7 +9,10 @@
 //!   ([`object_path`]): the client library formats paths without escaping;
 //! - a review reads at most [`MAX_CONCURRENT_READS`] objects at once, and all reviews together
 //!   at most [`Lookups`]' cap, handed out in turn across reviews ([`Fair`]), so a flood of
-//!   large reviews cannot starve a small one;
+//!   large reviews cannot starve a small one; a read whose answer is large and finds no place to
+//!   be read at once gives up its place and is made again among the heavy reads, which hold at
+//!   most a quarter of the cap, so large answers waiting their turn never hold the places normal
+//!   reviews need;
 //! - the bytes of every object read count against the webhook's [`MemoryBudget`] while they are
 //!   read and decoded; only per-key digests are kept afterwards;
 //! - an object's content never reaches an error message or a log line: errors name the object and
@@ -18,7 +21,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -231,12 +234,13 @@ where
                 .max(initial)
                 .min(MAX_OBJECT_BYTES);
             if capacity > LARGE_ANSWER_BYTES && large.is_none() {
-                large = Some(
-                    budget
-                        .large_answer()
-                        .await
-                        .ok_or_else(|| "the webhook's memory budget is closed".to_owned())?,
-                );
+                large = Some(budget.large_answer().await.ok_or_else(|| {
+                    if budget.was_turned_away() {
+                        "a large answer waits for a place to be read".to_owned()
+                    } else {
+                        "the webhook's memory budget is closed".to_owned()
+                    }
+                })?);
             }
             let more = budget
                 .reserve(2 * (capacity - buf.capacity()))
@@ -503,18 +507,35 @@ impl Lookups {
         let review = self.next_review.fetch_add(1, Ordering::Relaxed);
         let read_bytes = AtomicU64::new(0);
         let read_bytes = &read_bytes;
+        let large_turned_away = AtomicBool::new(false);
+        let large_turned_away = &large_turned_away;
         type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectRecord>, String>)>;
         let reads: Vec<Read<'_>> = refs
             .iter()
             .map(|(r, _)| -> Read<'_> {
                 Box::pin(async move {
-                    let class = if read_bytes.load(Ordering::Relaxed) >= HEAVY_AFTER_BYTES {
-                        Class::Heavy
-                    } else {
-                        Class::Normal
+                    let heavy = || {
+                        read_bytes.load(Ordering::Relaxed) >= HEAVY_AFTER_BYTES
+                            || large_turned_away.load(Ordering::Relaxed)
                     };
-                    let _place = self.fair.acquire(review, class).await;
-                    let found = self.source.fetch(namespace, r, budget).await.and_then(|f| {
+                    let found = loop {
+                        let class = if heavy() { Class::Heavy } else { Class::Normal };
+                        let _place = self.fair.acquire(review, class).await;
+                        // A normal place is not held waiting for a large answer's turn: the
+                        // read is given up and made again as a heavy one, so reviews reading
+                        // large objects (or forged to) keep to the heavy share of the cap.
+                        let read_budget = match class {
+                            Class::Normal => budget.turning_away(),
+                            Class::Heavy => budget.clone(),
+                        };
+                        let found = self.source.fetch(namespace, r, &read_budget).await;
+                        if read_budget.was_turned_away() {
+                            large_turned_away.store(true, Ordering::Relaxed);
+                            continue;
+                        }
+                        break found;
+                    };
+                    let found = found.and_then(|f| {
                         f.map(|f| f.into_entry().map_err(|e| e.to_string()))
                             .transpose()
                     });
@@ -793,6 +814,105 @@ mod tests {
         held.pop();
         let (body, _permits) = waiting.await.unwrap();
         assert_eq!(body.len(), LARGE_ANSWER_BYTES + 1);
+    }
+
+    /// Objects named `large-*` answer a body past [`LARGE_ANSWER_BYTES`], read as the API
+    /// server's answers are ([`read_limited`]); others a small one.
+    struct Sized;
+
+    impl ObjectSource for Sized {
+        fn fetch<'a>(
+            &'a self,
+            _namespace: &'a str,
+            object: &'a ObjectRef,
+            budget: &'a MemoryBudget,
+        ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+            use http_body_util::Full;
+            use hyper::body::Bytes;
+            Box::pin(async move {
+                let size = if object.name.starts_with("large") {
+                    LARGE_ANSWER_BYTES + 1
+                } else {
+                    100
+                };
+                let (body, _permits) =
+                    read_limited(Full::new(Bytes::from(vec![b'x'; size])), None, budget).await?;
+                tokio::task::yield_now().await;
+                Ok(Some(Fetched::Entry(ObjectRecord {
+                    ignored: false,
+                    digest: ObjectDigest::from_digests([("k".to_owned(), Tag::Data, [0; 32])])
+                        .with_bytes(body.len() as u64),
+                })))
+            })
+        }
+    }
+
+    fn named(prefix: &str, n: usize) -> References {
+        let mut refs = References::default();
+        for i in 0..n {
+            refs.add(
+                ObjectKind::Secret,
+                &format!("{prefix}-{i}"),
+                Selection::Whole,
+                true,
+            );
+        }
+        refs
+    }
+
+    /// A flood of reads of large answers, all waiting for a place to be read, holds none of the
+    /// places normal reviews need: those are answered at once, and the flood is read once the
+    /// large answers' places free.
+    #[tokio::test]
+    async fn large_answers_waiting_for_their_turn_hold_no_place_a_normal_review_needs() {
+        use http_body_util::Full;
+        use hyper::body::Bytes;
+        let budget = MemoryBudget::new(256 << 20);
+        let mut held = Vec::new();
+        for _ in 0..LARGE_ANSWERS_AT_ONCE {
+            let large = Full::new(Bytes::from(vec![b'x'; LARGE_ANSWER_BYTES + 1]));
+            held.push(read_limited(large, None, &budget).await.unwrap());
+        }
+        let lookups = Lookups::new(Arc::new(Sized), 8);
+        let metrics = Metrics::new();
+        let flood_refs = named("large", 64);
+        let flood = lookups.resolve(
+            "shop",
+            &flood_refs,
+            Duration::from_secs(30),
+            &metrics,
+            &budget,
+            u64::MAX,
+        );
+        tokio::pin!(flood);
+        assert!(futures::poll!(flood.as_mut()).is_pending());
+        assert!(
+            lookups.fair.heavy_in_flight() <= 2,
+            "heavy reads keep to a quarter"
+        );
+        let small_refs = named("small", 4);
+        let normal = tokio::time::timeout(
+            Duration::from_secs(5),
+            lookups.resolve(
+                "shop",
+                &small_refs,
+                Duration::from_secs(30),
+                &metrics,
+                &budget,
+                u64::MAX,
+            ),
+        )
+        .await
+        .expect("a normal review is answered while the large answers wait");
+        assert_eq!(normal.unwrap().objects.len(), 4);
+        held.clear();
+        let flood = flood.await.unwrap();
+        assert_eq!(
+            flood.objects.len(),
+            64,
+            "every large answer is read in turn"
+        );
+        assert_eq!(lookups.places_free(), 8);
     }
 
     fn entry(kind: ObjectKind, body: &str) -> Result<ObjectRecord, String> {
