@@ -17,17 +17,14 @@
 //! connections closed by the header timeout, at most 64 of the flood open, the review and
 //! `/livez` answered, no failed accept); `--list` lists nothing.
 
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "../tests/common/ports.rs"]
-mod ports;
-#[path = "../tests/common/process.rs"]
-mod process;
+use confighash_testkit::bench::mode;
+use confighash_testkit::ports;
+use confighash_testkit::process;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use apiserver::ApiServer;
+use confighash_testkit::apiserver::ApiServer;
 use mode::Mode;
 use tokio::net::TcpStream;
 use tokio::time::Instant;

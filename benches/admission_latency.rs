@@ -28,18 +28,15 @@
 //!
 //! Without `--bench` (as `cargo test --benches` runs it): a mass sync of 10 applications over
 //! 1 s on the stand-in, with the same checks.
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "common/prom.rs"]
-mod prom;
-#[path = "../tests/e2e/support.rs"]
-mod support;
+use confighash_testkit::bench::mode;
+use confighash_testkit::bench::prom;
+use confighash_testkit::e2e::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use apiserver::TestWebhook;
+use confighash_testkit::apiserver::TestWebhook;
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -475,7 +472,10 @@ async fn mass_sync(env: &Env, mode: mode::Mode) -> bool {
                 .skip(calls_before)
                 .filter(|c| {
                     c.webhook == hook
-                        && matches!(c.result, apiserver::admission::CallResult::FailedIgnored(_))
+                        && matches!(
+                            c.result,
+                            confighash_testkit::apiserver::admission::CallResult::FailedIgnored(_)
+                        )
                 })
                 .count()
                 .to_string()

@@ -62,10 +62,8 @@
 //! binary only checks its own setup (the stand-in, the reviews, the token's RBAC, the GET count)
 //! in about a second, and starts no serve process.
 
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "common/serve.rs"]
-mod serve;
+use confighash_testkit::bench::mode;
+use confighash_testkit::bench::serve;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -74,11 +72,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, HttpsClient, TestCa};
 use axum::body::Bytes;
 use base64::Engine;
 use confighash::core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL, UNSTAMPED_ANNOTATION};
 use confighash::core::names::{EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION};
+use confighash_testkit::apiserver::{ApiServer, HttpsClient, TestCa};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -397,11 +395,15 @@ impl Standin {
         ))
         .expect("deploy/base/rbac.yaml");
         api.set_authorizer(Some(
-            apiserver::rbac::Authorizer::from_yaml(&rbac).expect("deploy/ RBAC parses"),
+            confighash_testkit::apiserver::rbac::Authorizer::from_yaml(&rbac)
+                .expect("deploy/ RBAC parses"),
         ));
         api.add_token(
             TOKEN,
-            apiserver::user::UserInfo::service_account(OWN_NAMESPACE, "confighash"),
+            confighash_testkit::apiserver::user::UserInfo::service_account(
+                OWN_NAMESPACE,
+                "confighash",
+            ),
         );
         let admin = api.client();
         let namespaces: Api<Namespace> = Api::all(admin.clone());
@@ -742,7 +744,10 @@ async fn scenario(
     let rss_idle = status_kib(serve.pid, "VmRSS:").unwrap_or(0);
 
     // One connection per attack review, all open before the attack.
-    let tls = Arc::new(apiserver::https::client_config(&ca.pem, &[b"http/1.1"]));
+    let tls = Arc::new(confighash_testkit::apiserver::https::client_config(
+        &ca.pem,
+        &[b"http/1.1"],
+    ));
     let mut senders = Vec::with_capacity(n);
     for _ in 0..n {
         senders.push(connect(serve.webhook, tls.clone()).await?);
@@ -1137,7 +1142,10 @@ async fn zero_window(
     let clients = [HttpsClient::new(&ca.pem)];
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss_idle = status_kib(serve.pid, "VmRSS:").unwrap_or(0);
-    let tls = Arc::new(apiserver::https::client_config(&ca.pem, &[b"h2"]));
+    let tls = Arc::new(confighash_testkit::apiserver::https::client_config(
+        &ca.pem,
+        &[b"h2"],
+    ));
     let started = Instant::now();
     let sampler = Sampler::start(serve.pid, started);
     let object = Arc::new(normal_object());

@@ -54,26 +54,21 @@
 //! workloads, 24 changes over 3 s, every check, and every fault but the touch PATCH 429s (their
 //! retries would hold quiescence for most of a minute); `--list` lists nothing.
 
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "../tests/e2e/real.rs"]
-mod real;
-#[path = "../tests/e2e/real_fault_run.rs"]
-mod real_fault_run;
-#[path = "../tests/e2e/support.rs"]
-mod support;
+use confighash_testkit::bench::mode;
+use confighash_testkit::e2e::fault_run as real_fault_run;
+use confighash_testkit::e2e::support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use apiserver::ApiServer;
 use base64::Engine;
 use confighash::core::checksum::StampKey;
 use confighash::core::refs::{self, ObjectKind, References, Selection};
 use confighash::metrics::Metrics;
 use confighash::watcher::leader::{self, LeaderConfig, Leadership};
 use confighash::watcher::{self, WatcherConfig};
+use confighash_testkit::apiserver::ApiServer;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PodSpec, PodTemplateSpec, Secret};

@@ -57,8 +57,6 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use apiserver::server::InjectedFault;
-use apiserver::{ApiServer, HttpsClient, TestCa};
 use base64::Engine;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
@@ -71,6 +69,8 @@ use confighash::serving::tls::CertStore;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::lookup::{self, Fetched, KubeSource};
 use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash_testkit::apiserver::server::InjectedFault;
+use confighash_testkit::apiserver::{ApiServer, HttpsClient, TestCa};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Api;
@@ -78,15 +78,10 @@ use kube::api::PostParams;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 
-#[allow(dead_code)] // Shared with the other webhook benchmarks; this one uses a part of it.
-#[path = "common/fixture.rs"]
-mod fixture;
-#[path = "../tests/common/kubelet_volume.rs"]
-mod kubelet_volume;
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "common/serve.rs"]
-mod procs;
+use confighash_testkit::bench::fixture;
+use confighash_testkit::bench::mode;
+use confighash_testkit::bench::serve as procs;
+use confighash_testkit::kubelet_volume;
 use kubelet_volume::SecretVolume;
 use mode::Mode;
 
@@ -194,7 +189,7 @@ async fn presented_certificate(
     addr: SocketAddr,
     ca_pem: &str,
 ) -> Result<CertificateDer<'static>, String> {
-    let config = apiserver::https::client_config(ca_pem, &[b"h2", b"http/1.1"]);
+    let config = confighash_testkit::apiserver::https::client_config(ca_pem, &[b"h2", b"http/1.1"]);
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;
@@ -514,11 +509,12 @@ async fn start(options: &Options) -> Env {
     ))
     .expect("deploy/base/rbac.yaml");
     api.set_authorizer(Some(
-        apiserver::rbac::Authorizer::from_yaml(&rbac).expect("deploy/ RBAC parses"),
+        confighash_testkit::apiserver::rbac::Authorizer::from_yaml(&rbac)
+            .expect("deploy/ RBAC parses"),
     ));
     api.add_token(
         "confighash-token",
-        apiserver::user::UserInfo::service_account("confighash", "confighash"),
+        confighash_testkit::apiserver::user::UserInfo::service_account("confighash", "confighash"),
     );
     // The webhook's lookups, as `serve` reads them.
     let confighash =

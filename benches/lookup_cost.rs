@@ -74,13 +74,9 @@
 //! tests (the knobs but `_BINARY` are ignored), with every check, asserting right answers, no
 //! failed exchange and 10 GETs per review from both servers that read; a few seconds. `--list` lists nothing.
 
-#[allow(dead_code)] // Shared with the other webhook benchmarks; this one uses a part of it.
-#[path = "common/fixture.rs"]
-mod fixture;
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "common/serve.rs"]
-mod serve;
+use confighash_testkit::bench::fixture;
+use confighash_testkit::bench::mode;
+use confighash_testkit::bench::serve;
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -92,12 +88,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use apiserver::{HttpsClient, TestCa};
 use base64::Engine;
 use confighash::certs::key::KeyStore;
 use confighash::core::checksum::StampKey;
 use confighash::metrics::Metrics;
 use confighash::webhook::admission::Webhook;
+use confighash_testkit::apiserver::{HttpsClient, TestCa};
 use mode::Mode;
 use rustls_pki_types::ServerName;
 use serde_json::Value;
@@ -1077,7 +1073,11 @@ enum Outcome {
 }
 
 impl Expected {
-    fn outcome(&self, reply: Result<apiserver::https::Reply, String>, uid: &str) -> Outcome {
+    fn outcome(
+        &self,
+        reply: Result<confighash_testkit::apiserver::https::Reply, String>,
+        uid: &str,
+    ) -> Outcome {
         let reply = match reply {
             Ok(r) => r,
             Err(e) if e.contains("no reply within") => return Outcome::Unanswered,
@@ -1519,7 +1519,7 @@ fn ms(d: Duration) -> String {
 
 /// The protocol a fresh TLS connection to `addr` negotiates when offered `h2` and `http/1.1`.
 async fn negotiated_alpn(addr: SocketAddr, ca_pem: &str) -> Result<String, String> {
-    let config = apiserver::https::client_config(ca_pem, &[b"h2", b"http/1.1"]);
+    let config = confighash_testkit::apiserver::https::client_config(ca_pem, &[b"h2", b"http/1.1"]);
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| e.to_string())?;

@@ -11,8 +11,7 @@
 //! the two side by side, as ratios.
 //!
 //!   cargo bench --bench rollout_latency                  # CONFIGHASH_LATENCY_CHANGES=50
-#[path = "../tests/e2e/support.rs"]
-mod support;
+use confighash_testkit::e2e::support;
 
 use std::time::{Duration, Instant};
 

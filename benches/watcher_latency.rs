@@ -28,10 +28,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use apiserver::{ApiServer, TestCerts};
 use base64::Engine;
 use confighash::app::{self, App};
 use confighash::metrics::Metrics;
+use confighash_testkit::apiserver::{ApiServer, TestCerts};
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -41,8 +41,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::Event;
 use serde_json::json;
 
-#[path = "common/mode.rs"]
-mod mode;
+use confighash_testkit::bench::mode;
 use mode::Mode;
 
 const KEY: &[u8] = b"bench-key-0123456789abcdef-0123456789";
@@ -954,7 +953,10 @@ async fn diagnose_webhook_connections(
          Accept: application/json\r\nContent-Length: {}\r\n\r\n{review}",
         review.len()
     );
-    let tls = Arc::new(apiserver::https::client_config(ca_pem, &[]));
+    let tls = Arc::new(confighash_testkit::apiserver::https::client_config(
+        ca_pem,
+        &[],
+    ));
     let connector = tokio_rustls::TlsConnector::from(tls);
     let server = ServerName::try_from("127.0.0.1").expect("a server name");
     let connect = |nodelay: bool| {

@@ -3,7 +3,7 @@
 //! RSS is a property of a process, so this bench re-executes itself (`std::env::current_exe`)
 //! with `CONFIGHASH_BENCH_ROLE` selecting what the child does:
 //!
-//! - `server`: the in-memory API server (`apiserver::ApiServer`) on 127.0.0.1; it prints its URL
+//! - `server`: the in-memory API server (`confighash_testkit::apiserver::ApiServer`) on 127.0.0.1; it prints its URL
 //!   on stdout and runs until its stdin is closed. The parent loads it over HTTP with Secrets,
 //!   Helm release records (Secrets of type `helm.sh/release.v1`, about 500 KiB each), ConfigMaps
 //!   and Deployments (16 requests in flight).
@@ -65,10 +65,8 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector};
 use serde_json::{Value, json};
 
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "common/prom.rs"]
-mod prom;
+use confighash_testkit::bench::mode;
+use confighash_testkit::bench::prom;
 use mode::Mode;
 
 const ROLE_ENV: &str = "CONFIGHASH_BENCH_ROLE";
@@ -1338,7 +1336,7 @@ const SYNC_DEADLINE: Duration = Duration::from_secs(600);
 fn child_server() {
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
     rt.block_on(async {
-        let api = apiserver::ApiServer::start().await;
+        let api = confighash_testkit::apiserver::ApiServer::start().await;
         println!("{}", api.url());
         let _ = std::io::stdout().flush();
         // Runs until the parent closes stdin (or goes away).

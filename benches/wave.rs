@@ -20,10 +20,8 @@
 //!
 //! Without `--bench` (as `cargo test --benches` runs it): 20 workloads, the bystanders changed
 //! 2 s in, the same checks; about half a minute on the stand-in.
-#[path = "common/mode.rs"]
-mod mode;
-#[path = "../tests/e2e/support.rs"]
-mod support;
+use confighash_testkit::bench::mode;
+use confighash_testkit::e2e::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -22,8 +22,7 @@ use serde_json::Value;
 
 use fixture::{KEY, MemorySource, ReviewFixture};
 
-#[path = "common/fixture.rs"]
-mod fixture;
+use confighash_testkit::bench::fixture;
 
 fn webhook() -> Webhook {
     Webhook::new(

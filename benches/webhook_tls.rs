@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use apiserver::{HttpsClient, TestCerts};
 use axum::body::Bytes;
 use axum::http::{StatusCode, Version, header};
 use axum::response::IntoResponse;
@@ -41,6 +40,7 @@ use confighash::serving::health::Health;
 use confighash::serving::tls::{ALPN_PROTOCOLS, CertStore};
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash_testkit::apiserver::{HttpsClient, TestCerts};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
@@ -60,10 +60,8 @@ const CLOSED_TARGET: f64 = 0.70;
 /// Open-loop target: ours' p99 below this.
 const P99_TARGET: Duration = Duration::from_millis(5);
 
-#[path = "common/fixture.rs"]
-mod fixture;
-#[path = "common/mode.rs"]
-mod mode;
+use confighash_testkit::bench::fixture;
+use confighash_testkit::bench::mode;
 use mode::Mode;
 
 /// How long each phase runs, and what to run.
@@ -393,7 +391,7 @@ fn verdict(met: bool) -> &'static str {
 }
 
 /// `--tcp-nodelay-check`: how much Nagle's algorithm costs on these exchanges. Neither our
-/// server nor the test client (`apiserver::HttpsClient`) sets TCP_NODELAY. This compares, side
+/// server nor the test client (`confighash_testkit::apiserver::HttpsClient`) sets TCP_NODELAY. This compares, side
 /// by side, the baseline as measured (Nagle on, like ours), the same baseline with TCP_NODELAY
 /// on its accepted sockets, and ours: closed loops of 1 and `CLIENTS` clients (3 rounds of 1 s
 /// each, rotating the servers), then `RATE`/s open loops of 3 s. About 30 s.

@@ -13,8 +13,7 @@
 //!
 //! Exits 0 when everything happened as described, 1 with what did not match otherwise.
 
-#[path = "../tests/e2e/support.rs"]
-mod support;
+use confighash_testkit::e2e::support;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 use std::sync::LazyLock;
 
 use confighash::webhook::admission::Webhook;
-use confighash_fuzz::{check_admission, runtime, webhook};
+use confighash_fuzz_checks::{check_admission, runtime, webhook};
 use libfuzzer_sys::fuzz_target;
 use tokio::runtime::Runtime;
 

@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use confighash_fuzz::{check_discovery, discovery_input};
+use confighash_fuzz_checks::{check_discovery, discovery_input};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

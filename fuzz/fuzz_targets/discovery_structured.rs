@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use confighash::core::names::{EXTRA_CONFIGMAPS_ANNOTATION, EXTRA_SECRETS_ANNOTATION};
-use confighash_fuzz::check_discovery;
+use confighash_fuzz_checks::check_discovery;
 use k8s_openapi::api::core::v1::{
     ConfigMapEnvSource, ConfigMapKeySelector, ConfigMapProjection, ConfigMapVolumeSource,
     Container, EmptyDirVolumeSource, EnvFromSource, EnvVar, EnvVarSource, KeyToPath, PodSpec,

@@ -3,7 +3,7 @@
 
 #![no_main]
 
-use confighash_fuzz::{check_stamp_yaml, stamp_sources};
+use confighash_fuzz_checks::{check_stamp_yaml, stamp_sources};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {

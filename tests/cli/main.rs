@@ -1,0 +1,7 @@
+//! The offline commands: `stamp`, `diff` and `explain`.
+
+use confighash_testkit::e2e::support;
+
+mod diff;
+mod explain;
+mod stamp;
