@@ -1,0 +1,468 @@
+//! What the watches report: config, namespaces and workloads, as inputs to the state.
+
+use super::*;
+
+impl State {
+    /// A ConfigMap or Secret watch's change; `scope`: the namespace of a namespace's own watch.
+    pub(super) fn config_watched(
+        &mut self,
+        kind: ObjectKind,
+        scope: Option<String>,
+        change: Watched<ConfigKey, Option<StoredConfig>>,
+        now: Instant,
+    ) {
+        match change {
+            Watched::Applied(key, stored) => self.config(key, stored, now),
+            Watched::Deleted(key) => self.config(key, None, now),
+            Watched::Relisted(seen) => {
+                let gone: Vec<ConfigKey> = self
+                    .configs
+                    .keys()
+                    .filter(|(ns, k, _)| *k == kind && scope.as_deref().is_none_or(|s| s == *ns))
+                    .map(|(ns, k, name)| {
+                        (
+                            ns.to_owned(),
+                            confighash_core::refs::ObjectRef::new(k, name),
+                        )
+                    })
+                    .filter(|k| !seen.contains(k))
+                    .collect();
+                for key in gone {
+                    self.configs.remove(&key);
+                    self.content_changed(key, now);
+                }
+                self.listed(Stream::from_kind(kind), scope);
+            }
+        }
+    }
+
+    pub(super) fn config(&mut self, key: ConfigKey, state: Option<StoredConfig>, now: Instant) {
+        if !self.keeps_configs(&key.0) {
+            // Not opted in, nor any workload there: nothing of it is kept (filtered in memory).
+            return;
+        }
+        if let Some(backfill) = self.backfills.get_mut(&key.0) {
+            backfill.seen.insert(key.clone());
+        }
+        let changed = match state {
+            Some(s) => self.configs.upsert(key.clone(), s),
+            None => self.configs.remove(&key),
+        };
+        self.metrics
+            .set_watched(key.1.kind.as_str(), self.configs.count(key.1.kind));
+        if changed {
+            self.content_changed(key, now);
+        }
+    }
+
+    /// The list of a namespace that opted in: kept aside until it ends, then what the watches
+    /// have not reported since goes in, and the namespace's workloads are compared.
+    pub(super) fn namespace_listed(
+        &mut self,
+        namespace: String,
+        generation: u64,
+        change: Watched<ConfigKey, Option<StoredConfig>>,
+        now: Instant,
+    ) {
+        let Some(backfill) = self
+            .backfills
+            .get_mut(&namespace)
+            .filter(|b| b.generation == generation)
+        else {
+            return; // Opted out (or in again) since it started.
+        };
+        let all = match change {
+            Watched::Applied(key, Some(stored)) => {
+                backfill.listed.insert(key, stored);
+                return;
+            }
+            Watched::Applied(key, None) | Watched::Deleted(key) => {
+                backfill.listed.remove(&key);
+                return;
+            }
+            Watched::Relisted(all) => all,
+        };
+        let Some(backfill) = self.backfills.remove(&namespace) else {
+            return;
+        };
+        tracing::debug!(namespace, objects = all.len(), "namespace listed");
+        for (key, stored) in backfill.listed {
+            // What a watch reported since the opt-in is at least as new as the list.
+            if all.contains(&key) && !backfill.seen.contains(&key) {
+                self.configs.upsert(key, stored);
+            }
+        }
+        self.count_all_configs();
+        self.effects.push(Effect::ReleaseMemory);
+        if self.is_synced() {
+            if !backfill.deferred.is_empty() {
+                self.window_closed(backfill.deferred, None, now);
+            }
+            self.compare_namespace(&namespace, now);
+        }
+    }
+
+    pub(super) fn namespace_watched(
+        &mut self,
+        change: Watched<String, NamespaceSeen>,
+        now: Instant,
+    ) {
+        let (name, seen) = match change {
+            Watched::Applied(name, seen) => (name, Some(seen)),
+            Watched::Deleted(name) => (name, None),
+            Watched::Relisted(seen) => {
+                self.namespaces.retain(|n, _| seen.contains(n));
+                self.excluded.retain(|n| seen.contains(n));
+                self.backfills.retain(|n, _| seen.contains(n));
+                self.terminating.retain(|n| seen.contains(n));
+                self.listed(Stream::Namespaces, None);
+                return;
+            }
+        };
+        match seen {
+            Some(s) if s.terminating => self.terminate(&name),
+            // A namespace never stops terminating; one of the same name is a new namespace.
+            _ => {
+                self.terminating.remove(&name);
+            }
+        }
+        // An excluded namespace, or one outside `--watch-namespaces`, is never opted in,
+        // whatever its labels say.
+        match seen.map(|s| {
+            (
+                s.opted_in
+                    && !self.config.excluded_namespaces.contains(&name)
+                    && self.config.watches(&name),
+                s.at,
+            )
+        }) {
+            Some((true, at)) => {
+                let was_excluded = self.excluded.remove(&name);
+                if self.namespaces.contains_key(&name) {
+                    return;
+                }
+                self.namespaces.insert(name.clone(), at);
+                if self.terminating.contains(&name) {
+                    return; // Nothing there is decided on: no list, no comparison.
+                }
+                if was_excluded && !self.opted_in_workloads.contains_key(&name) {
+                    // Its objects were left out: list them; compare once they are in.
+                    self.start_backfill(name);
+                } else if self.is_synced() {
+                    self.compare_namespace(&name, now);
+                }
+            }
+            Some((false, _)) => {
+                self.namespaces.remove(&name);
+                if self.opted_in_workloads.contains_key(&name) {
+                    // Workloads there opted in by their label: its objects are still kept (and a
+                    // list in progress goes on); the others are no longer decided on.
+                    self.excluded.insert(name);
+                    return;
+                }
+                self.backfills.remove(&name);
+                self.configs.remove_namespace(&name);
+                self.excluded.insert(name);
+                self.count_all_configs();
+            }
+            None => {
+                // Deleted: its objects' own deletions follow on their watches.
+                self.namespaces.remove(&name);
+                self.backfills.remove(&name);
+                self.excluded.remove(&name);
+            }
+        }
+    }
+
+    /// A namespace is being deleted: what was pending there is dropped, and from now on nothing
+    /// there is decided on (its workloads and config go one by one, which is no change to roll
+    /// for). A touch in flight there ends without an Event or a retry.
+    pub(super) fn terminate(&mut self, namespace: &str) {
+        if !self.terminating.insert(namespace.to_owned()) {
+            return;
+        }
+        let before = self.pending.len();
+        self.pending.retain(|k, _| k.namespace != namespace);
+        self.backoff.retain(|k, _| k.namespace != namespace);
+        self.stop_following_all("gone", |k| k.namespace == namespace);
+        tracing::info!(
+            namespace,
+            dropped = before - self.pending.len(),
+            "namespace terminating: nothing in it is touched any more"
+        );
+    }
+
+    /// A workload watch's change; `scope`: the namespace of a namespace's own watch.
+    pub(super) fn workload_watched(
+        &mut self,
+        kind: WorkloadKind,
+        scope: Option<String>,
+        change: Watched<WorkloadKey, Option<WorkloadEntry>>,
+        now: Instant,
+    ) {
+        match change {
+            Watched::Applied(key, Some(entry)) => {
+                if let Some(known) = self.workloads.get(&key)
+                    && known.uid == entry.uid
+                    && entry.generation < known.generation
+                {
+                    // Older than what a touch's response already showed: the watch is behind.
+                    tracing::debug!(workload = %key, generation = entry.generation,
+                        known = known.generation, "an older state of the workload; ignored");
+                    return;
+                }
+                if entry.too_many_references
+                    && self.leader
+                    && !self.terminating.contains(&key.namespace)
+                    && self.warned_too_many.insert(key.clone())
+                {
+                    self.warn_too_many_references(&key, &entry.uid);
+                }
+                self.count_if_bypassed(&key, &entry);
+                if self
+                    .backoff
+                    .get(&key)
+                    .is_some_and(|b| b.stamp != entry.stamp)
+                {
+                    // Its stamp changed since the last touch that did not take: a write took
+                    // (another touch's, or an update the webhook stamped).
+                    self.backoff.remove(&key);
+                }
+                self.forget_would_roll_unless_over(&key, &entry.stamp);
+                let opts_in = self.opts_in(&key, &entry);
+                self.follow_watched(&key, &entry, now);
+                self.workloads.upsert(key.clone(), entry);
+                self.workload_opt_in(&key, opts_in);
+                // A workload whose stamp is stale when it arrives (its ConfigMap's event came
+                // first, on another watch, and found nothing referencing it) is checked again
+                // once a window has passed, by reconcile's rules.
+                if self.is_synced() && self.decide(&key, Trigger::Reconcile).is_some() {
+                    let due = now + self.config.debounce;
+                    self.pending.entry(key).or_default().due.get_or_insert(due);
+                }
+            }
+            Watched::Applied(key, None) | Watched::Deleted(key) => {
+                self.warned_too_many.remove(&key);
+                self.warned_too_large.remove(&key);
+                self.bypassed.remove(&key);
+                self.forget_touches(&key);
+                self.workloads.remove(&key);
+                self.workload_opt_in(&key, false);
+            }
+            Watched::Relisted(seen) => {
+                for key in self.workloads.keys_of(kind) {
+                    let in_scope = scope.as_deref().is_none_or(|s| s == key.namespace);
+                    if in_scope && !seen.contains(&key) {
+                        self.bypassed.remove(&key);
+                        self.forget_touches(&key);
+                        self.workloads.remove(&key);
+                        self.workload_opt_in(&key, false);
+                    }
+                }
+                self.metrics
+                    .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
+                self.listed(Stream::Workloads(kind), scope);
+            }
+        }
+    }
+
+    /// Whether a workload is handled wherever its namespace stands: labelled
+    /// `confighash.dev/enabled=true`, outside the excluded namespaces.
+    pub(super) fn opts_in(&self, key: &WorkloadKey, entry: &WorkloadEntry) -> bool {
+        entry.opted_in
+            && !self.config.excluded_namespaces.contains(&key.namespace)
+            && self.config.watches(&key.namespace)
+    }
+
+    /// Whether the ConfigMaps and Secrets of a namespace are kept: it is not known to be left
+    /// out (opted in, or not seen yet), or a workload there opted in by its label.
+    pub(super) fn keeps_configs(&self, namespace: &str) -> bool {
+        !self.excluded.contains(namespace) || self.opted_in_workloads.contains_key(namespace)
+    }
+
+    /// Records whether a workload is opted in by its label, and keeps its namespace's
+    /// ConfigMaps and Secrets while one is: the first such workload of a namespace whose objects
+    /// were left out has them listed (the namespace's workloads are decided once they are in),
+    /// and once the last is gone (deleted, or relabelled) from a namespace that is not opted in
+    /// they are dropped.
+    pub(super) fn workload_opt_in(&mut self, key: &WorkloadKey, opted_in: bool) {
+        let namespace = &key.namespace;
+        if opted_in {
+            let workloads = self
+                .opted_in_workloads
+                .entry(namespace.clone())
+                .or_default();
+            if !workloads.insert(key.clone()) || workloads.len() > 1 {
+                return;
+            }
+            if self.excluded.contains(namespace)
+                && !self.terminating.contains(namespace)
+                && !self.backfills.contains_key(namespace)
+            {
+                tracing::info!(workload = %key, "a workload opted in by its label: listing the ConfigMaps and Secrets of its namespace");
+                self.start_backfill(namespace.clone());
+            }
+        } else {
+            let Some(workloads) = self.opted_in_workloads.get_mut(namespace) else {
+                return;
+            };
+            if !workloads.remove(key) || !workloads.is_empty() {
+                return;
+            }
+            self.opted_in_workloads.remove(namespace);
+            if self.excluded.contains(namespace) {
+                tracing::info!(
+                    namespace,
+                    "no workload there is opted in any more: its ConfigMaps and Secrets are no longer kept"
+                );
+                self.backfills.remove(namespace);
+                self.configs.remove_namespace(namespace);
+                self.count_all_configs();
+            }
+        }
+    }
+
+    /// A workload is gone: what was pending for it goes too, and its backoff with it.
+    pub(super) fn forget_touches(&mut self, key: &WorkloadKey) {
+        self.touch_failed_at.remove(key);
+        self.pending.remove(key);
+        self.backoff.remove(key);
+        self.would_roll.remove(key);
+        self.written.remove(key);
+        self.rechecking.remove(key);
+        self.rechecked.remove(key);
+        self.stop_following(key, "gone");
+    }
+
+    /// A watch's list is in (or there is nothing to list).
+    pub(super) fn listed(&mut self, stream: Stream, scope: Option<String>) {
+        if matches!(stream, Stream::ConfigMaps | Stream::Secrets) {
+            // A whole list of the cluster's config passed through; only digests stay.
+            self.effects.push(Effect::ReleaseMemory);
+        }
+        self.synced.insert((stream, scope));
+        tracing::debug!(
+            ?stream,
+            synced = self.synced.len(),
+            of = self.streams(),
+            "listed"
+        );
+        self.metrics.set_synced(self.is_synced());
+    }
+
+    pub(super) fn leadership(&mut self, leader: bool, now: Instant) {
+        if leader == self.leader {
+            return;
+        }
+        self.leader = leader;
+        self.metrics.set_leader(leader);
+        if !leader {
+            // A new leader does not know what this one followed.
+            self.stop_following_all("abandoned", |_| true);
+        }
+        if leader && self.is_synced() {
+            // A new leader compares everything: changes may have passed while another replica
+            // led, or none did.
+            self.reconcile(now);
+        }
+    }
+
+    pub(super) fn count_all_configs(&self) {
+        for kind in [ObjectKind::ConfigMap, ObjectKind::Secret] {
+            self.metrics
+                .set_watched(kind.as_str(), self.configs.count(kind));
+        }
+    }
+
+    /// Lists the ConfigMaps and Secrets of a namespace that opted in after they were left out.
+    /// Until the list is in, its workloads are not decided on: their digests are incomplete.
+    pub(super) fn start_backfill(&mut self, namespace: String) {
+        self.backfill_generation += 1;
+        let generation = self.backfill_generation;
+        self.backfills.insert(
+            namespace.clone(),
+            Backfill {
+                generation,
+                ..Backfill::default()
+            },
+        );
+        self.effects.push(Effect::Backfill {
+            namespace,
+            generation,
+        });
+    }
+
+    /// Records that a workload over `--max-references` is never stamped or rolled.
+    pub(super) fn warn_too_many_references(&mut self, key: &WorkloadKey, uid: &str) {
+        self.record(WorkloadEvent {
+            workload: key.clone(),
+            uid: uid.to_owned(),
+            type_: EventType::Warning,
+            reason: TOO_MANY_REFERENCES_REASON,
+            action: "Skip",
+            note: format!(
+                "it references more than {} ConfigMaps and Secrets (--max-references): \
+                 confighash does not read them, stamp it or roll it on config changes",
+                self.config.max_references
+            ),
+        });
+    }
+
+    /// Records that a workload's references hold more than `--max-reference-bytes`: it keeps
+    /// its stamp (or its marker) until they shrink.
+    pub(super) fn warn_too_large(&mut self, key: &WorkloadKey, uid: &str, bytes: u64) {
+        tracing::warn!(workload = %key, bytes, max = self.config.max_reference_bytes,
+            "the workload's references hold more than --max-reference-bytes; it is not rolled");
+        self.record(WorkloadEvent {
+            workload: key.clone(),
+            uid: uid.to_owned(),
+            type_: EventType::Warning,
+            reason: REFERENCES_TOO_LARGE_REASON,
+            action: "Skip",
+            note: format!(
+                "its ConfigMaps and Secrets hold {bytes} bytes of values, more than {} \
+                 (--max-reference-bytes): confighash keeps its stamp and does not roll it until \
+                 they shrink",
+                self.config.max_reference_bytes
+            ),
+        });
+    }
+
+    /// Counts a workload that did not pass through the webhook: created in an opted-in
+    /// namespace after the watcher started and the namespace opted in (with [`BYPASS_GRACE`]),
+    /// or labelled `confighash.dev/enabled=true` when first seen and created after the watcher
+    /// started, not opted out, and carrying neither a stamp nor the unstamped marker. Each uid
+    /// once.
+    pub(super) fn count_if_bypassed(&mut self, key: &WorkloadKey, entry: &WorkloadEntry) {
+        if self.config.dry_run {
+            // A dry run's webhook stamps nothing: every new workload would count.
+            return;
+        }
+        let Some(grace) = self.config.bypass_grace else {
+            return;
+        };
+        if entry.stamp.is_some() || entry.marker || entry.opted_out || entry.uid.is_empty() {
+            return;
+        }
+        let opted_in = self.namespaces.get(&key.namespace).copied().or_else(|| {
+            // Opted in by its own label when first seen: the webhook was called for its CREATE.
+            // (A workload seen before the label was added was not stamped by the write that
+            // added it, and is not counted.)
+            (self.opts_in(key, entry) && self.workloads.get(key).is_none()).then_some(self.started)
+        });
+        let (Some(opted_in), Some(created)) = (opted_in, entry.created) else {
+            return;
+        };
+        if self.bypassed.get(key) == Some(&entry.uid) {
+            return;
+        }
+        // creationTimestamp has whole seconds.
+        let after = unix_seconds(self.started.max(opted_in) + grace);
+        if created < after {
+            return;
+        }
+        self.bypassed.insert(key.clone(), entry.uid.clone());
+        self.metrics.workload_bypassed();
+        tracing::warn!(workload = %key, "an opted-in workload carries neither a stamp nor the unstamped marker: the API server did not call the webhook when it was written");
+    }
+}
