@@ -390,6 +390,37 @@ struct WouldRoll {
     over: Option<String>,
 }
 
+/// What the watcher holds for one workload besides its index entry ([`WorkloadIndex`]). The work
+/// under way for a workload is in the state's queues instead (a pending touch, a touch in flight,
+/// a rollout followed): each is walked in its own order, and a touch in flight outlives its
+/// workload (its result still comes back).
+#[derive(Debug, Default)]
+struct WorkloadState {
+    /// Its touches did not take lately: when it may be touched again.
+    backoff: Option<Backoff>,
+    /// When its last `TouchFailed` Event was recorded.
+    touch_failed_at: Option<Instant>,
+    /// The stamp this watcher's last touch set (the webhook confirmed it). Replacing any other
+    /// stamp is preceded by an [`Effect::Recheck`]: another stamp was computed by the webhook,
+    /// possibly from newer config than this watcher's copy.
+    written: Option<String>,
+    /// Its references are being read afresh; its pending touch waits.
+    rechecking: bool,
+    /// Its references were just read afresh: its next decision may replace the stamp without
+    /// another read, and has already had its turn of the pacer.
+    rechecked: bool,
+    /// In a dry run, the stamp it would carry had its touch been made: decisions start from it,
+    /// so one change is recorded once however often it is decided on.
+    would_roll: Option<WouldRoll>,
+    /// Counted as bypassing the webhook, with the uid counted (each uid once).
+    bypassed: Option<String>,
+    /// Over `--max-references`, and its Warning Event recorded by this replica.
+    warned_too_many: bool,
+    /// Over `--max-reference-bytes`, and its Warning Event recorded by this replica since it
+    /// last fitted.
+    warned_too_large: bool,
+}
+
 /// Everything the watcher knows and decides.
 pub struct State {
     config: WatcherConfig,
@@ -425,41 +456,24 @@ pub struct State {
     synced: HashSet<(Stream, Option<String>)>,
     reconciled: bool,
     next_resync: Option<Instant>,
-    /// Workloads over `--max-references` whose Warning Event this replica has recorded.
-    warned_too_many: HashSet<WorkloadKey>,
     /// What caused the touch that went last (a changed object, or `None`: reconcile): the next
     /// touches go round the causes from the one after it.
     last_cause: Option<Option<ConfigKey>>,
-    /// Workloads over `--max-reference-bytes` whose Warning Event this replica has recorded
-    /// since they last fitted.
-    warned_too_large: HashSet<WorkloadKey>,
     /// When the watcher started: workloads created before it are not counted as bypassing.
     started: SystemTime,
-    /// Workloads counted as bypassing the webhook, with the uid counted (each uid once).
-    bypassed: HashMap<WorkloadKey, String>,
-    /// When each workload's last `TouchFailed` Event was recorded.
-    touch_failed_at: HashMap<WorkloadKey, Instant>,
-    /// Workloads whose touches did not take lately: when each may be touched again.
-    backoff: HashMap<WorkloadKey, Backoff>,
     /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
     terminating: HashSet<String>,
     /// The rollouts after config changes the leader follows ([`follow`]).
     following: HashMap<WorkloadKey, follow::Following>,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
-    /// In a dry run, the stamp each workload would carry had its touch been made: decisions
-    /// start from it, so one change is recorded once however often it is decided on. Dropped
-    /// with the workload.
-    would_roll: HashMap<WorkloadKey, WouldRoll>,
-    /// The stamp this watcher's last touch of each workload set (the webhook confirmed it).
-    /// Replacing any other stamp is preceded by a [`Effect::Recheck`]: another stamp was
-    /// computed by the webhook, possibly from newer config than this watcher's copy.
-    written: HashMap<WorkloadKey, String>,
-    /// Workloads whose references are being read afresh; their pending touch waits.
-    rechecking: HashSet<WorkloadKey>,
-    /// Workloads whose references were just read afresh: their next decision may replace the
-    /// stamp without another read, and has already had its turn of the pacer.
-    rechecked: HashSet<WorkloadKey>,
+    /// What is known of each workload besides its index entry, one record each: forgetting a
+    /// workload is one `remove` ([`State::forget`]).
+    per_workload: HashMap<WorkloadKey, WorkloadState>,
+    /// Not leading, with backoffs or reads afresh possibly left over (leadership just lost, or a
+    /// result came back after it was): cleared at the next tick, which a new leader starts
+    /// without.
+    stale_leader_work: bool,
 }
 
 impl State {
@@ -493,20 +507,13 @@ impl State {
             synced: HashSet::new(),
             reconciled: false,
             next_resync: None,
-            warned_too_many: HashSet::new(),
             last_cause: None,
-            warned_too_large: HashSet::new(),
             started,
-            bypassed: HashMap::new(),
-            touch_failed_at: HashMap::new(),
-            backoff: HashMap::new(),
             terminating: HashSet::new(),
             following: HashMap::new(),
             effects: Vec::new(),
-            would_roll: HashMap::new(),
-            written: HashMap::new(),
-            rechecking: HashSet::new(),
-            rechecked: HashSet::new(),
+            per_workload: HashMap::new(),
+            stale_leader_work: false,
         }
     }
 
@@ -610,10 +617,25 @@ impl State {
     /// When a pending touch may be sent: its own time, held back by the workload's backoff.
     fn due_at(&self, key: &WorkloadKey, pending: &Pending) -> Option<Instant> {
         let due = pending.due?;
-        Some(match self.backoff.get(key) {
-            Some(b) => due.max(b.not_before),
-            None => due,
-        })
+        Some(
+            match self.per_workload.get(key).and_then(|w| w.backoff.as_ref()) {
+                Some(b) => due.max(b.not_before),
+                None => due,
+            },
+        )
+    }
+
+    /// The record of `key`, made empty if it has none.
+    fn workload_state(&mut self, key: &WorkloadKey) -> &mut WorkloadState {
+        self.per_workload.entry(key.clone()).or_default()
+    }
+
+    /// A workload is gone: its record, its pending touch and the rollout followed go with it.
+    /// (A touch in flight stays until its result comes back.)
+    fn forget(&mut self, key: &WorkloadKey) {
+        self.per_workload.remove(key);
+        self.pending.remove(key);
+        self.stop_following(key, "gone");
     }
 }
 

@@ -187,14 +187,17 @@ impl State {
             _ => None,
         };
         match too_large {
-            Some((bytes, uid)) if self.warned_too_large.insert(key.clone()) => {
-                self.warn_too_large(key, &uid, bytes);
+            Some((bytes, uid)) => {
+                let warned = &mut self.workload_state(key).warned_too_large;
+                if !std::mem::replace(warned, true) {
+                    self.warn_too_large(key, &uid, bytes);
+                }
             }
-            Some(_) => {}
-            None if !self.warned_too_large.is_empty() => {
-                self.warned_too_large.remove(key);
+            None => {
+                if let Some(w) = self.per_workload.get_mut(key) {
+                    w.warned_too_large = false;
+                }
             }
-            None => {}
         }
         stamp
     }

@@ -14,13 +14,10 @@ impl State {
         self.metrics.touch(WOULD_ROLL_OUTCOME);
         tracing::info!(workload = %key, stamp = %expected, changed = ?pending.changed,
             "dry run: would re-stamp the pod template");
-        self.would_roll.insert(
-            key.clone(),
-            WouldRoll {
-                stamp: expected,
-                over,
-            },
-        );
+        self.workload_state(&key).would_roll = Some(WouldRoll {
+            stamp: expected,
+            over,
+        });
         self.record(would_roll(&key, &uid, &pending.changed, rolls_by_itself));
     }
 
@@ -33,7 +30,11 @@ impl State {
         entry: &WorkloadEntry,
         current: Current<'a>,
     ) -> Current<'a> {
-        match self.would_roll.get(key) {
+        match self
+            .per_workload
+            .get(key)
+            .and_then(|w| w.would_roll.as_ref())
+        {
             Some(would) if would.over == entry.stamp => Current {
                 stamp: Some(&would.stamp),
                 marker: false,
@@ -49,8 +50,10 @@ impl State {
         key: &WorkloadKey,
         stamp: &Option<String>,
     ) {
-        if self.would_roll.get(key).is_some_and(|w| w.over != *stamp) {
-            self.would_roll.remove(key);
+        if let Some(w) = self.per_workload.get_mut(key)
+            && w.would_roll.as_ref().is_some_and(|w| w.over != *stamp)
+        {
+            w.would_roll = None;
         }
     }
 }

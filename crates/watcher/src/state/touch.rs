@@ -7,9 +7,13 @@ impl State {
         if !self.leader {
             // The leader does this; a replica that becomes leader reconciles, afresh.
             self.pending.clear();
-            self.backoff.clear();
-            self.rechecking.clear();
-            self.rechecked.clear();
+            if std::mem::take(&mut self.stale_leader_work) {
+                for w in self.per_workload.values_mut() {
+                    w.backoff = None;
+                    w.rechecking = false;
+                    w.rechecked = false;
+                }
+            }
             return;
         }
         // Taken in turns across what caused them (the first changed object, or reconcile), so
@@ -46,7 +50,8 @@ impl State {
             });
         }
         for key in due {
-            if self.in_flight.contains_key(&key) || self.rechecking.contains(&key) {
+            let rechecking = self.per_workload.get(&key).is_some_and(|w| w.rechecking);
+            if self.in_flight.contains_key(&key) || rechecking {
                 // Parked until its touch or read in flight is done (`Input::Touched`,
                 // `Input::Rechecked`).
                 if let Some(p) = self.pending.get_mut(&key) {
@@ -71,13 +76,18 @@ impl State {
             let Some(expected) = self.decide(&key, trigger) else {
                 // Nothing to do any more, nor to back off from.
                 self.pending.remove(&key);
-                self.backoff.remove(&key);
-                self.rechecked.remove(&key);
+                if let Some(w) = self.per_workload.get_mut(&key) {
+                    w.backoff = None;
+                    w.rechecked = false;
+                }
                 continue;
             };
             // Just read afresh: decided on what was read, and that read took this touch's turn
             // of the pacer already.
-            let fresh = self.rechecked.remove(&key);
+            let fresh = self
+                .per_workload
+                .get_mut(&key)
+                .is_some_and(|w| std::mem::take(&mut w.rechecked));
             let paced = if fresh {
                 Ok(())
             } else {
@@ -89,7 +99,7 @@ impl State {
                         if let Some(p) = self.pending.get_mut(&key) {
                             p.due = None;
                         }
-                        self.rechecking.insert(key.clone());
+                        self.workload_state(&key).rechecking = true;
                         self.effects.push(Effect::Recheck {
                             workload: key,
                             configs,
@@ -127,7 +137,7 @@ impl State {
     pub(super) fn needs_recheck(&self, key: &WorkloadKey) -> Option<Vec<ConfigKey>> {
         let entry = self.workloads.get(key)?;
         let stamp = entry.stamp.as_ref()?;
-        if self.written.get(key) == Some(stamp) {
+        if self.per_workload.get(key).and_then(|w| w.written.as_ref()) == Some(stamp) {
             return None;
         }
         let configs: Vec<ConfigKey> = entry
@@ -147,7 +157,13 @@ impl State {
         result: Result<Vec<(ConfigKey, Option<StoredConfig>)>, TouchError>,
         now: Instant,
     ) {
-        let waited = self.rechecking.remove(&key);
+        if !self.leader {
+            self.stale_leader_work = true;
+        }
+        let waited = self
+            .per_workload
+            .get_mut(&key)
+            .is_some_and(|w| std::mem::take(&mut w.rechecking));
         match result {
             Ok(configs) => {
                 for (config, stored) in configs {
@@ -158,7 +174,7 @@ impl State {
                     self.config(config, stored, now);
                 }
                 if waited && let Some(p) = self.pending.get_mut(&key) {
-                    self.rechecked.insert(key);
+                    self.per_workload.entry(key.clone()).or_default().rechecked = true;
                     p.due = Some(now);
                 }
             }
@@ -214,7 +230,9 @@ impl State {
             workload: key.clone(),
             stamp: expected.clone(),
             why,
-            attempt: self.backoff.get(&key).map_or(0, |b| b.failures),
+            attempt: (self.per_workload.get(&key))
+                .and_then(|w| w.backoff.as_ref())
+                .map_or(0, |b| b.failures),
             believed,
         }));
         let in_flight = InFlight {
@@ -231,6 +249,9 @@ impl State {
     /// A touch ended: judge it, back off and retry it if it did not take, and let the workload be
     /// touched again.
     pub(super) fn touched(&mut self, key: WorkloadKey, result: TouchResult, now: Instant) {
+        if !self.leader {
+            self.stale_leader_work = true;
+        }
         let Some(touch) = self.in_flight.remove(&key) else {
             return;
         };
@@ -239,9 +260,10 @@ impl State {
                 if stamp != touch.old || stamp.as_deref() == Some(&touch.expected) =>
             {
                 self.metrics.touch("touched");
-                self.backoff.remove(&key);
+                let w = self.workload_state(&key);
+                w.backoff = None;
                 if stamp.as_deref() == Some(&touch.expected) {
-                    self.written.insert(key.clone(), touch.expected.clone());
+                    w.written = Some(touch.expected.clone());
                 }
                 tracing::info!(
                     stamp = stamp.as_deref().unwrap_or(""),
@@ -283,7 +305,9 @@ impl State {
             }
             TouchResult::Gone => {
                 self.metrics.touch("gone");
-                self.backoff.remove(&key);
+                if let Some(w) = self.per_workload.get_mut(&key) {
+                    w.backoff = None;
+                }
             }
             TouchResult::Failed(e) => {
                 self.metrics.touch("error");
@@ -318,7 +342,8 @@ impl State {
             tracing::info!("not retried: its namespace is terminating");
             return;
         }
-        let backoff = self.backoff.entry(key.clone()).or_insert(Backoff {
+        let record = self.per_workload.entry(key.clone()).or_default();
+        let backoff = record.backoff.get_or_insert(Backoff {
             failures: 0,
             not_before: now,
             stamp: None,
@@ -366,12 +391,12 @@ impl State {
             return;
         };
         let recent = |at: &Instant| now.saturating_duration_since(*at) < TOUCH_FAILED_EVERY;
-        if self.touch_failed_at.get(key).is_some_and(recent) {
+        let last = self.per_workload.get(key).and_then(|w| w.touch_failed_at);
+        if last.as_ref().is_some_and(recent) {
             return;
         }
         let uid = entry.uid.clone();
-        self.touch_failed_at.retain(|_, at| recent(at));
-        self.touch_failed_at.insert(key.clone(), now);
+        self.workload_state(key).touch_failed_at = Some(now);
         let why = match self.pending.get(key) {
             Some(p) if !p.changed.is_empty() => format!("after {}", changed_names(&p.changed)),
             _ => "(its stamp is stale)".to_owned(),

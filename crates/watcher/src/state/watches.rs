@@ -183,7 +183,13 @@ impl State {
         }
         let before = self.pending.len();
         self.pending.retain(|k, _| k.namespace != namespace);
-        self.backoff.retain(|k, _| k.namespace != namespace);
+        for (_, w) in self
+            .per_workload
+            .iter_mut()
+            .filter(|(k, _)| k.namespace == namespace)
+        {
+            w.backoff = None;
+        }
         self.stop_following_all("gone", |k| k.namespace == namespace);
         tracing::info!(
             namespace,
@@ -214,19 +220,17 @@ impl State {
                 if entry.too_many_references
                     && self.leader
                     && !self.terminating.contains(&key.namespace)
-                    && self.warned_too_many.insert(key.clone())
+                    && !std::mem::replace(&mut self.workload_state(&key).warned_too_many, true)
                 {
                     self.warn_too_many_references(&key, &entry.uid);
                 }
                 self.count_if_bypassed(&key, &entry);
-                if self
-                    .backoff
-                    .get(&key)
-                    .is_some_and(|b| b.stamp != entry.stamp)
+                if let Some(w) = self.per_workload.get_mut(&key)
+                    && w.backoff.as_ref().is_some_and(|b| b.stamp != entry.stamp)
                 {
                     // Its stamp changed since the last touch that did not take: a write took
                     // (another touch's, or an update the webhook stamped).
-                    self.backoff.remove(&key);
+                    w.backoff = None;
                 }
                 self.forget_would_roll_unless_over(&key, &entry.stamp);
                 let opts_in = self.opts_in(&key, &entry);
@@ -242,10 +246,7 @@ impl State {
                 }
             }
             Watched::Applied(key, None) | Watched::Deleted(key) => {
-                self.warned_too_many.remove(&key);
-                self.warned_too_large.remove(&key);
-                self.bypassed.remove(&key);
-                self.forget_touches(&key);
+                self.forget(&key);
                 self.workloads.remove(&key);
                 self.workload_opt_in(&key, false);
             }
@@ -253,8 +254,7 @@ impl State {
                 for key in self.workloads.keys_of(kind) {
                     let in_scope = scope.as_deref().is_none_or(|s| s == key.namespace);
                     if in_scope && !seen.contains(&key) {
-                        self.bypassed.remove(&key);
-                        self.forget_touches(&key);
+                        self.forget(&key);
                         self.workloads.remove(&key);
                         self.workload_opt_in(&key, false);
                     }
@@ -322,18 +322,6 @@ impl State {
         }
     }
 
-    /// A workload is gone: what was pending for it goes too, and its backoff with it.
-    pub(super) fn forget_touches(&mut self, key: &WorkloadKey) {
-        self.touch_failed_at.remove(key);
-        self.pending.remove(key);
-        self.backoff.remove(key);
-        self.would_roll.remove(key);
-        self.written.remove(key);
-        self.rechecking.remove(key);
-        self.rechecked.remove(key);
-        self.stop_following(key, "gone");
-    }
-
     /// A watch's list is in (or there is nothing to list).
     pub(super) fn listed(&mut self, stream: Stream, scope: Option<String>) {
         if matches!(stream, Stream::ConfigMaps | Stream::Secrets) {
@@ -359,6 +347,7 @@ impl State {
         if !leader {
             // A new leader does not know what this one followed.
             self.stop_following_all("abandoned", |_| true);
+            self.stale_leader_work = true;
         }
         if leader && self.is_synced() {
             // A new leader compares everything: changes may have passed while another replica
@@ -453,7 +442,8 @@ impl State {
         let (Some(opted_in), Some(created)) = (opted_in, entry.created) else {
             return;
         };
-        if self.bypassed.get(key) == Some(&entry.uid) {
+        let counted = self.per_workload.get(key).and_then(|w| w.bypassed.as_ref());
+        if counted == Some(&entry.uid) {
             return;
         }
         // creationTimestamp has whole seconds.
@@ -461,7 +451,7 @@ impl State {
         if created < after {
             return;
         }
-        self.bypassed.insert(key.clone(), entry.uid.clone());
+        self.workload_state(key).bypassed = Some(entry.uid.clone());
         self.metrics.workload_bypassed();
         tracing::warn!(workload = %key, "an opted-in workload carries neither a stamp nor the unstamped marker: the API server did not call the webhook when it was written");
     }

@@ -23,7 +23,9 @@ fn would_roll(w: &W, what: &str) -> Effect {
 }
 
 fn remembered(t: &Test) -> usize {
-    t.state.would_roll.len()
+    (t.state.per_workload.values())
+        .filter(|w| w.would_roll.is_some())
+        .count()
 }
 
 #[test]
