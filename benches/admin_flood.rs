@@ -177,7 +177,7 @@ async fn main() {
     flooded.stop().await;
 
     if mode == Mode::Smoke {
-        // The admin port's bounds, as tests/admin_port.rs states them, at the smoke run's sizes.
+        // The admin port's bounds, as tests/webhook/admin_port.rs states them, at the smoke run's sizes.
         let mut failures = Vec::new();
         if idle.is_none() || partial.is_none() {
             failures.push(format!(

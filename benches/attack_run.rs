@@ -2,7 +2,7 @@
 //! the API server and to its own memory, measured from outside the process (issue 12, findings 2
 //! and 3: lookup amplification and lookup memory).
 //!
-//! - The in-memory API server of `tests/apiserver` runs in this process (no admission chain), with
+//! - The in-memory API server of `crates/testkit/src/apiserver` runs in this process (no admission chain), with
 //!   deploy/'s RBAC enforced on confighash's ServiceAccount token. Namespace `shop` (opted in)
 //!   holds 3 ConfigMaps and 2 Secrets; namespace `confighash` is serve's own. The stand-in records
 //!   every request it serves (`ApiServer::requests`); GETs of ConfigMaps and of Secrets are counted
@@ -486,7 +486,7 @@ impl Standin {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The serve process: `serve::Serve`, `serve::Files` and `serve::release_binary` (benches/common/serve.rs)
+// The serve process: `serve::Serve`, `serve::Files` and `serve::release_binary` (crates/testkit/src/bench/serve.rs)
 
 /// Samples VmRSS every 10 ms (and open files every 100 ms) until stopped.
 struct Sampler {

@@ -1,6 +1,6 @@
 //! Fault run: the whole system under faults, checked workload by workload.
 //!
-//! Everything runs in this process, wired by `tests/e2e/support.rs`: the in-memory API server
+//! Everything runs in this process, wired by `crates/testkit/src/e2e/support.rs`: the in-memory API server
 //! (with deploy/'s RBAC enforced on confighash's ServiceAccount), confighash's webhook over HTTPS
 //! in its admission chain (failurePolicy Ignore), and TWO watcher replicas doing leader election on
 //! the `confighash` Lease (only the leader touches).
@@ -44,11 +44,11 @@
 //!
 //! **Real-cluster mode.** With the real tier's environment (`CONFIGHASH_E2E_KUBECONFIG` and the
 //! rest: `CONFIGHASH_REAL_KEEP=1 scripts/real-tier.sh`, then `source <dir>/e2e.env`), this runs
-//! `tests/e2e/real_fault_run.rs` instead: the faults a real control plane makes (a leader killed,
+//! `crates/testkit/src/e2e/fault_run.rs` instead: the faults a real control plane makes (a leader killed,
 //! etcd compacted and kube-apiserver restarted, reads refused by API Priority and Fairness,
 //! kube-controller-manager restarted), checked from the revisions, the audit log's stored stamps
 //! and the Events. The real tier runs it at its own size on every CI run
-//! (`tests/e2e_real_fault_run.rs`).
+//! (`crates/testkit/src/e2e/fault_run.rs`).
 //!
 //! `cargo bench --bench fault_run`. Without `--bench` (as `cargo test --benches` runs it): 12
 //! workloads, 24 changes over 3 s, every check, and every fault but the touch PATCH 429s (their
@@ -178,7 +178,7 @@ fn main() {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-/// The real-cluster mode (`tests/e2e/real_fault_run.rs`), on the control plane the real tier's
+/// The real-cluster mode (`crates/testkit/src/e2e/fault_run.rs`), on the control plane the real tier's
 /// environment names (`CONFIGHASH_REAL_KEEP=1 scripts/real-tier.sh`, then
 /// `source $CONFIGHASH_CONTROL_PLANE_DIR/e2e.env`): its bench size with `--bench`, the real
 /// tier's without. Returns the exit code.

@@ -2,7 +2,7 @@
 //! certificate is renewed twice and the API server fails a share of its lookups.
 //!
 //! Everything runs in this process, on one tokio runtime, on a shared machine:
-//! - the in-memory API server of `tests/apiserver`, with `NAMESPACES` opted-in namespaces that
+//! - the in-memory API server of `crates/testkit/src/apiserver`, with `NAMESPACES` opted-in namespaces that
 //!   each hold the 10 ConfigMaps and Secrets of the webhook benchmarks' Deployment, and the RBAC
 //!   of `deploy/` enforced on confighash's ServiceAccount token;
 //! - confighash's webhook, started with `serve::start` as `confighash serve` starts it (TLS from

@@ -3,7 +3,7 @@
 //! cluster sees it.
 //!
 //! Three kinds of process; the two helpers are this binary started again with
-//! `CONFIGHASH_LOOKUP_COST_ROLE` set, so everything lives in this file and `benches/common/`:
+//! `CONFIGHASH_LOOKUP_COST_ROLE` set, so everything lives in this file and `crates/testkit/src/bench/`:
 //!
 //! 1. **The responder** (`role=responder`): a small plain-HTTP/1.1 keep-alive API server (hyper)
 //!    that answers `GET /api/v1/namespaces/{ns}/configmaps/{name}` and `.../secrets/{name}` from

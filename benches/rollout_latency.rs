@@ -2,7 +2,7 @@
 //! cluster) to confighash's `RolloutComplete` Event, over N changes of one ConfigMap used by one
 //! Deployment, each change made once the previous one completed.
 //!
-//! Runs where `tests/e2e/support.rs` runs: on the in-memory API server with confighash in-process
+//! Runs where `crates/testkit/src/e2e/support.rs` runs: on the in-memory API server with confighash in-process
 //! by default, or on a real cluster with the variables the real tier writes
 //! (`source target/control-plane/e2e.env` after `CONFIGHASH_REAL_KEEP=1 scripts/real-tier.sh --
 //! none`). On the stand-in a new revision is its count of template transitions, and no

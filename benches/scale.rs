@@ -1,4 +1,4 @@
-//! Big clusters, through the watcher's state machine (`src/watcher/state.rs`) with time
+//! Big clusters, through the watcher's state machine (`crates/watcher/src/state.rs`) with time
 //! simulated: what the decisions cost and in what order touches go, without an API server.
 //!
 //! - **Reconcile at 150,000 objects**: 500 opted-in namespaces holding 100,000 Secrets of 4 KiB

@@ -1,6 +1,6 @@
 //! Watcher latency: a ConfigMap change seen on the watch, to the touch of its one dependent.
 //!
-//! Everything runs in this process, wired as `tests/e2e/support.rs` does it: the in-memory API
+//! Everything runs in this process, wired as `crates/testkit/src/e2e/support.rs` does it: the in-memory API
 //! server, and confighash started by `confighash::app::App` (its webhook over HTTPS registered in
 //! the admission chain, and the watcher: leader, change window 1 ms, token bucket not limiting,
 //! long resync). 2,000 Deployments each
@@ -107,7 +107,7 @@ async fn run(fraction: f64, workloads: usize, changes: usize, pace: Duration, mo
         confighash::cluster::Cluster::new(api.config(), confighash::app::READS).expect("a client");
     let client = cluster.client.clone();
     // confighash, as `confighash serve` starts it, with the webhook registered as
-    // tests/e2e/support.rs does; the watcher starts once the objects exist.
+    // crates/testkit/src/e2e/support.rs does; the watcher starts once the objects exist.
     let certs = TestCerts::generate();
     let dir = tempfile::tempdir().expect("a temporary directory");
     std::fs::write(dir.path().join("tls.crt"), &certs.cert_pem).expect("write the certificate");

@@ -1,8 +1,8 @@
 //! The whole flow with no cluster: `cargo run --release --example demo`.
 //!
-//! Starts the in-memory Kubernetes API server of `tests/apiserver` with confighash's webhook in
+//! Starts the in-memory Kubernetes API server of `crates/testkit/src/apiserver` with confighash's webhook in
 //! its admission chain (served over TLS by `serve`'s code) and the watcher running as deploy/'s
-//! ServiceAccount, exactly as the end-to-end tests do (`tests/e2e/support.rs`). Then it applies
+//! ServiceAccount, exactly as the end-to-end tests do (`crates/testkit/src/e2e/support.rs`). Then it applies
 //! `examples/homer.yaml` (server-side apply, document by document) and shows, step by step, that
 //!
 //! - the Deployment is stamped at CREATE, so a fresh deploy rolls nothing afterwards;

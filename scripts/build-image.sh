@@ -7,7 +7,7 @@
 #       [--repository ghcr.io/confighash/confighash] [--out target/image/confighash.tar]
 #
 # The labels, user, entrypoint and exposed ports are read from the Dockerfile's last stage, so
-# the two cannot drift (tests/image.rs holds them together). The image holds what distroless's
+# the two cannot drift (tests/install/image.rs holds them together). The image holds what distroless's
 # cc image holds for this binary: the binary, the shared libraries it links (found with ldd,
 # glibc and libgcc_s among them) and the dynamic loader, CA certificates, /etc/passwd and
 # /etc/group with root, nobody (65534) and nonroot (65532), nsswitch.conf, os-release and a

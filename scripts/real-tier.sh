@@ -37,7 +37,7 @@ ADMIN_PORT=$((BASE + 11))
 NAMESPACE=confighash
 RELEASE=confighash
 CERT_MANAGER_VERSION=v1.16.5
-# The e2e scenarios' change window (tests/e2e/support.rs WINDOW), and a flap threshold no
+# The e2e scenarios' change window (crates/testkit/src/e2e/support.rs WINDOW), and a flap threshold no
 # barrier reaches (FLAP_THRESHOLD there): a barrier changes its ConfigMap many times a minute.
 DEBOUNCE=400ms
 FLAP_THRESHOLD=10000
@@ -253,7 +253,7 @@ for var in $(compgen -e | grep '^CONFIGHASH_E2E_'); do
 done >"$STATE/e2e.env"
 status=0
 # Scenarios that stop, restart or add confighash replicas take a lock beside serve.sh that keeps
-# every other scenario out while they run (tests/e2e/support.rs, Env::controlling).
+# every other scenario out while they run (crates/testkit/src/e2e/support.rs, Env::controlling).
 cargo test --locked --test e2e -- "${test_args[@]}" || status=$?
 phase "e2e scenarios and user stories on the real control plane: exit $status"
 if [ -s "$CONFIGHASH_E2E_STORIES" ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Turns the user stories' records (JSON lines, tests/stories.rs) into a Markdown table.
+"""Turns the user stories' records (JSON lines, tests/e2e/stories.rs) into a Markdown table.
 
     python3 scripts/stories-table.py target/control-plane/stories.jsonl > docs/user-stories.md
 """
@@ -13,7 +13,7 @@ def main(path):
     servers = sorted({r["server"] for r in rows})
     print("# The user stories, measured")
     print()
-    print("Written by `scripts/real-tier.sh` (`scripts/stories-table.py` over what `tests/stories.rs`")
+    print("Written by `scripts/real-tier.sh` (`scripts/stories-table.py` over what `tests/e2e/stories.rs`")
     print("recorded) on " + ", ".join(servers) + ". Rollouts are counted from the revisions the")
     print("cluster keeps (a Deployment's `deployment.kubernetes.io/revision`, the ControllerRevisions")
     print("of a StatefulSet or DaemonSet), confighash's writes from the API server's audit log.")

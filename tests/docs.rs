@@ -1,5 +1,6 @@
-//! The documentation's links, checked: every relative link of every Markdown file of the
-//! repository names a file that exists, and an anchor its headings make.
+//! The documentation, checked: every relative link of every Markdown file of the repository
+//! names a file that exists and an anchor its headings make, and every test it cites as
+//! `path.rs::name` exists in that file.
 
 use std::path::{Path, PathBuf};
 
@@ -165,5 +166,70 @@ fn anchors_are_made_as_github_makes_them() {
     assert_eq!(
         links("see [x](a.md#b) and `[y](c.md)`"),
         [(1, "a.md#b".to_owned())]
+    );
+}
+
+/// The tests a text cites, as `path/file.rs::name` or `path/file.rs::module::name` in code
+/// spans: (line, file, test name).
+fn cited_tests(text: &str) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        for span in line.split('`').skip(1).step_by(2) {
+            let Some((file, path)) = span.split_once(".rs::") else {
+                continue;
+            };
+            let top = ["tests/", "crates/", "src/", "benches/", "examples/"];
+            if !top.iter().any(|t| file.starts_with(t)) || file.contains(' ') {
+                continue;
+            }
+            let name = path.rsplit("::").next().unwrap_or(path);
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                out.push((number + 1, format!("{file}.rs"), name.to_owned()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_test_the_documentation_cites_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cited = 0;
+    let mut broken = Vec::new();
+    for file in markdown_files(root) {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (line, source, name) in cited_tests(&text) {
+            cited += 1;
+            let shown = format!(
+                "{}:{line}: `{source}::{name}`",
+                file.strip_prefix(root).unwrap_or(&file).display()
+            );
+            match std::fs::read_to_string(root.join(&source)) {
+                Err(_) => broken.push(format!("{shown} (no such file)")),
+                Ok(code) if !code.contains(&format!("fn {name}(")) => {
+                    broken.push(format!("{shown} (no such test there)"))
+                }
+                Ok(_) => {}
+            }
+        }
+    }
+    assert!(cited > 0, "the documentation cites tests");
+    assert!(
+        broken.is_empty(),
+        "cited tests not found:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn citations_are_read_from_code_spans() {
+    assert_eq!(
+        cited_tests(
+            "see `tests/core/rules.rs::a_b` and `crates/x/src/y.rs::tests::c_d`, not tests/z.rs::e"
+        ),
+        [
+            (1, "tests/core/rules.rs".to_owned(), "a_b".to_owned()),
+            (1, "crates/x/src/y.rs".to_owned(), "c_d".to_owned())
+        ]
     );
 }

@@ -5,7 +5,7 @@
 //!
 //! It needs its own threshold, so it runs on the stand-in only: a real cluster's confighash
 //! runs with the real tier's (scripts/real-tier.sh), which no scenario reaches. The guard's
-//! intervals are tested with the fake clock (src/watcher/state/tests/flap.rs).
+//! intervals are tested with the fake clock (crates/watcher/src/state/tests/flap.rs).
 
 use crate::support;
 

@@ -17,7 +17,7 @@
 //! the rule is back the change rolls exactly once.
 //!
 //! The stand-in has its own injected 429s, dropped watches and compactions
-//! (`tests/e2e_lifecycle.rs`, the fault run); these scenarios skip there, and say so.
+//! (`tests/e2e/lifecycle.rs`, the fault run); these scenarios skip there, and say so.
 
 use crate::real;
 use crate::support;
@@ -44,7 +44,7 @@ async fn reads_refused_by_priority_and_fairness_roll_nothing_then_the_change_rol
         &env,
         TEST,
         "needs kube-apiserver's API Priority and Fairness and its audit \
-                 log (the stand-in's injected 429s are in tests/e2e_lifecycle.rs)",
+                 log (the stand-in's injected 429s are in tests/e2e/lifecycle.rs)",
     ) else {
         return;
     };
@@ -126,7 +126,7 @@ async fn a_restart_of_kube_apiserver_during_a_change_relists_and_rolls_once() {
         TEST,
         "restarts kube-apiserver: it needs the real tier's control plane \
                  and its audit log (the stand-in's dropped watches and 410s are in \
-                 tests/e2e_lifecycle.rs)",
+                 tests/e2e/lifecycle.rs)",
     ) else {
         return;
     };
@@ -258,7 +258,7 @@ async fn touches_refused_by_the_real_rbac_record_one_touch_failed_and_land_once_
         TEST,
         "edits the chart's ClusterRole on a real cluster and counts \
                  confighash's requests in its audit log (the stand-in's RBAC change is in \
-                 tests/e2e_lifecycle.rs)",
+                 tests/e2e/lifecycle.rs)",
     ) else {
         return;
     };
@@ -335,7 +335,7 @@ async fn least_privilege_on_the_real_rbac_counts_403s_and_reads_nothing_outside_
         &env,
         TEST,
         "needs kube-apiserver's RBAC and audit log (the chart's least-privilege RBAC is \
-         evaluated by the stand-in's authorizer in tests/chart.rs)",
+         evaluated by the stand-in's authorizer in tests/install/chart.rs)",
     )
     .is_none()
     {

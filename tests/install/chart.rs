@@ -4,8 +4,8 @@
 //!
 //! - `helm lint --strict` passes with the defaults and with every values set below, and values
 //!   the schema or the templates must refuse are refused with a message naming the value;
-//! - every values set renders objects that hold to the checks tests/deploy.rs makes of `deploy/`
-//!   (tests/common/manifests.rs): typed round trips, webhook selection that never matches the
+//! - every values set renders objects that hold to the checks tests/install/deploy.rs makes of `deploy/`
+//!   (crates/testkit/src/manifests.rs): typed round trips, webhook selection that never matches the
 //!   release's namespace or `kube-system`, names that agree with each other and with the
 //!   arguments `confighash serve` parses, RBAC that allows exactly what the code does; and the
 //!   code runs as the chart's ServiceAccount under the chart's RBAC against the in-memory API
@@ -1376,7 +1376,7 @@ fn dir_path(path: &Path) -> String {
 
 /// The chart's two webhook entries with `webhook.excludeNamespaces` in the in-memory API server:
 /// each write is sent to the entry its selectors choose, once, and never to both; the excluded
-/// namespaces get neither (tests/common/manifests.rs).
+/// namespaces get neither (crates/testkit/src/manifests.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_write_calls_one_webhook_entry_at_most() {
     let set = set("every flag");

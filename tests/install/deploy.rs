@@ -1,5 +1,5 @@
 //! What a platform engineer installs with kustomize, checked against the code (the checks in
-//! tests/common/manifests.rs, which tests/chart.rs makes of the Helm chart too):
+//! crates/testkit/src/manifests.rs, which tests/install/chart.rs makes of the Helm chart too):
 //!
 //! - every document under `deploy/` parses into its k8s-openapi type and serialises back without
 //!   losing a field (so a misspelt field fails here, not in a cluster), and so do the documents
@@ -620,7 +620,7 @@ fn the_network_policy_component_matches_the_deployment() {
 }
 
 /// deploy/'s two webhook entries in the in-memory API server: each write is sent to the entry
-/// its selectors choose, once, and never to both (tests/common/manifests.rs).
+/// its selectors choose, once, and never to both (crates/testkit/src/manifests.rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_write_calls_one_webhook_entry_at_most() {
     let objects = base_objects();

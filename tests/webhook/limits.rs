@@ -3,7 +3,7 @@
 //! and HTTP/2 alike, protocol detection included), the review timeout, the idle limit, HTTP/2
 //! keep-alive pings and the stream cap, the connection cap, and the review memory budget.
 //! Every wait polls towards a deadline; none is a fixed sleep. The server is
-//! `tests/common/harness.rs`'s, the review and `read_to_close` are `tests/common/ports.rs`'s.
+//! `crates/testkit/src/harness.rs`'s, the review and `read_to_close` are `crates/testkit/src/ports.rs`'s.
 
 use crate::harness;
 use crate::ports;

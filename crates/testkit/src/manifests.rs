@@ -1,5 +1,5 @@
 //! What an installation of confighash must be, checked the same way whether it comes from
-//! `deploy/` (tests/deploy.rs) or from the Helm chart (tests/chart.rs):
+//! `deploy/` (tests/install/deploy.rs) or from the Helm chart (tests/install/chart.rs):
 //!
 //! - every object parses into its k8s-openapi type and serialises back without losing a field
 //!   (a misspelt field fails here, not in a cluster); cert-manager and Prometheus Operator kinds,
@@ -1099,21 +1099,21 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
         req("create", "", "secrets", own, None),
         req("list", "", "secrets", own, key),
         req("watch", "", "secrets", own, key),
-        // src/watcher/leader.rs: read the Lease, create it, renew, take over and release it by update.
+        // crates/watcher/src/leader.rs: read the Lease, create it, renew, take over and release it by update.
         req("get", LEASES, "leases", own, lease),
         req("create", LEASES, "leases", own, None),
         req("update", LEASES, "leases", own, lease),
-        // src/webhook/lookup.rs: the webhook reads referenced objects.
+        // crates/webhook/src/lookup.rs: the webhook reads referenced objects.
         req("get", "", "configmaps", app, Some("app-env")),
         req("get", "", "secrets", app, Some("db")),
-        // src/watcher/run.rs: watches of Namespaces, cluster-wide.
+        // crates/watcher/src/run.rs: watches of Namespaces, cluster-wide.
         req("list", "", "namespaces", None, None),
         req("watch", "", "namespaces", None, None),
         // kube's Recorder: an events.k8s.io Event, patched when it repeats.
         req("create", EVENTS, "events", app, None),
         req("patch", EVENTS, "events", app, Some("web.17a2b3c4d5e6f708")),
     ];
-    // src/watcher/run.rs: watch ConfigMaps, Secrets and every workload kind, cluster-wide or in
+    // crates/watcher/src/run.rs: watch ConfigMaps, Secrets and every workload kind, cluster-wide or in
     // each namespace of --watch-namespaces; touch a workload with a patch, read it when the
     // patch's condition fails.
     let scopes: Vec<Option<&str>> = if install.watched.is_empty() {

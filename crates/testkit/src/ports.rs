@@ -1,6 +1,6 @@
 //! An in-process `confighash serve` (the webhook and the admin port, no watcher) on loopback,
 //! and the raw clients the tests of the two ports' connection handling need. Shared by
-//! `tests/admin_port.rs` and `tests/client_auth.rs`. Every wait polls towards a deadline.
+//! `tests/webhook/admin_port.rs` and `tests/webhook/client_auth.rs`. Every wait polls towards a deadline.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

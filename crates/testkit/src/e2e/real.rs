@@ -1,6 +1,6 @@
 //! Faults a real control plane makes itself, shared by the scenarios that cause them
-//! (`tests/e2e_real_faults.rs`) and the fault run's real-cluster mode
-//! (`tests/e2e/real_fault_run.rs`): API Priority and Fairness refusing confighash's reads
+//! (`tests/e2e/real_faults.rs`) and the fault run's real-cluster mode
+//! (`crates/testkit/src/e2e/fault_run.rs`): API Priority and Fairness refusing confighash's reads
 //! ([`Jail`]), and `scripts/control-plane.sh` restarting components or compacting etcd
 //! ([`control_plane`]).
 
