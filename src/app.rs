@@ -738,6 +738,7 @@ impl Serving {
     }
 
     /// Stops the watcher (the webhook keeps serving).
+    #[cfg(feature = "testkit")]
     pub fn stop_watcher(&mut self) {
         self.watcher.abort_all();
     }
@@ -792,6 +793,7 @@ impl Serving {
     }
 
     /// The running tasks, which the caller stops from now on.
+    #[cfg(feature = "testkit")]
     pub fn into_parts(self) -> Parts {
         let Serving {
             server,

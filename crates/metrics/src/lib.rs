@@ -376,6 +376,7 @@ impl Metrics {
     }
 
     /// How many times the webhook port filled up to its connection limit.
+    #[cfg(feature = "testkit")]
     pub fn connection_limit_hits(&self) -> u64 {
         self.connection_limit_reached.get()
     }
@@ -456,6 +457,7 @@ impl Metrics {
     }
 
     /// How many touches are pending, and how many in flight, as last set.
+    #[cfg(feature = "testkit")]
     pub fn touches_outstanding(&self) -> (u64, u64) {
         let count = |g: &Gauge| u64::try_from(g.get()).unwrap_or(0);
         (count(&self.touches_pending), count(&self.touches_in_flight))
@@ -485,6 +487,7 @@ impl Metrics {
     }
 
     /// How many reviews `--dry-run` allowed without their patch, with these labels.
+    #[cfg(feature = "testkit")]
     pub fn dry_runs(
         &self,
         kind: &'static str,
@@ -509,6 +512,7 @@ impl Metrics {
     }
 
     /// How many followed rollouts ended this way.
+    #[cfg(feature = "testkit")]
     pub fn rollout_outcomes(&self, outcome: &'static str) -> u64 {
         self.rollouts
             .get_or_create(&OutcomeLabels { outcome })

@@ -233,6 +233,7 @@ impl ConfigStore {
     }
 
     /// Whether anything of this namespace is kept.
+    #[cfg(feature = "testkit")]
     pub fn has_namespace(&self, namespace: &str) -> bool {
         self.namespaces.contains_key(namespace)
     }

@@ -202,6 +202,7 @@ impl Webhook {
     }
 
     /// Reads in flight for all reviews together.
+    #[cfg(feature = "testkit")]
     pub fn with_max_reads_in_flight(mut self, max: usize) -> Self {
         self.lookups = self.lookups.with_cap(max);
         self
@@ -216,6 +217,7 @@ impl Webhook {
     }
 
     /// Places under the shared cap of reads that are free now.
+    #[cfg(feature = "testkit")]
     pub fn reads_free(&self) -> usize {
         self.lookups.places_free()
     }

@@ -60,6 +60,7 @@ impl Default for Limits {
 /// A started webhook: the server, and the review budget it serves with.
 pub struct Running {
     server: serving::Running,
+    #[cfg(feature = "testkit")]
     reviews: ReviewLimits,
 }
 
@@ -73,6 +74,7 @@ impl std::ops::Deref for Running {
 
 impl Running {
     /// Bytes of the review memory budget ([`Limits::review_memory`]) held now.
+    #[cfg(feature = "testkit")]
     pub fn review_memory_in_use(&self) -> usize {
         self.reviews.memory_in_use()
     }
@@ -108,5 +110,9 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
         limits.connections,
     )
     .await?;
-    Ok(Running { server, reviews })
+    Ok(Running {
+        server,
+        #[cfg(feature = "testkit")]
+        reviews,
+    })
 }
