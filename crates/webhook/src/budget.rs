@@ -3,7 +3,6 @@
 //! of reads in flight ([`Fair`], in turn across reviews, heavy reviews last).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
@@ -23,9 +22,6 @@ pub struct MemoryBudget {
     semaphore: Arc<Semaphore>,
     capacity: usize,
     large: Arc<Semaphore>,
-    /// Set for a read that must not wait for a large-answer place ([`Self::turning_away`]):
-    /// raised when it would have.
-    turned_away: Option<Arc<AtomicBool>>,
 }
 
 /// An object answer past this many bytes is large: see [`MemoryBudget`].
@@ -42,39 +38,12 @@ impl MemoryBudget {
             semaphore: Arc::new(Semaphore::new(capacity)),
             capacity,
             large: Arc::new(Semaphore::new(LARGE_ANSWERS_AT_ONCE)),
-            turned_away: None,
         }
     }
 
-    /// The same budget for one read that holds a normal place under the cap of reads in flight:
-    /// a large answer it would have to wait for a place to read is given up instead, and
-    /// [`Self::was_turned_away`] says so, so that the place goes to other reviews' reads and the
-    /// read is made again as a heavy one.
-    pub fn turning_away(&self) -> MemoryBudget {
-        MemoryBudget {
-            turned_away: Some(Arc::new(AtomicBool::new(false))),
-            ..self.clone()
-        }
-    }
-
-    /// Whether a read with this budget gave up a large answer rather than wait.
-    pub fn was_turned_away(&self) -> bool {
-        self.turned_away
-            .as_ref()
-            .is_some_and(|t| t.load(Ordering::Relaxed))
-    }
-
-    /// A place to read a large answer ([`LARGE_ANSWER_BYTES`]): waited for, or with
-    /// [`Self::turning_away`] taken only if one is free now.
+    /// Waits for a place to read a large answer ([`LARGE_ANSWER_BYTES`]).
     pub(crate) async fn large_answer(&self) -> Option<OwnedSemaphorePermit> {
-        match &self.turned_away {
-            None => self.large.clone().acquire_owned().await.ok(),
-            Some(flag) => {
-                let place = self.large.clone().try_acquire_owned().ok();
-                flag.store(place.is_none(), Ordering::Relaxed);
-                place
-            }
-        }
+        self.large.clone().acquire_owned().await.ok()
     }
 
     /// The whole budget in bytes.

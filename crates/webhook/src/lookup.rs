@@ -9,10 +9,7 @@
 //!   ([`object_path`]): the client library formats paths without escaping;
 //! - a review reads at most [`MAX_CONCURRENT_READS`] objects at once, and all reviews together
 //!   at most [`Lookups`]' cap, handed out in turn across reviews ([`Fair`]), so a flood of
-//!   large reviews cannot starve a small one; a read whose answer is large and finds no place to
-//!   be read at once gives up its place and is made again among the heavy reads, which hold at
-//!   most a quarter of the cap, so large answers waiting their turn never hold the places normal
-//!   reviews need;
+//!   large reviews cannot starve a small one;
 //! - the bytes of every object read count against the webhook's [`MemoryBudget`] while they are
 //!   read and decoded; only per-key digests are kept afterwards;
 //! - an object's content never reaches an error message or a log line: errors name the object and
@@ -21,7 +18,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use base64::Engine;
@@ -234,13 +231,12 @@ where
                 .max(initial)
                 .min(MAX_OBJECT_BYTES);
             if capacity > LARGE_ANSWER_BYTES && large.is_none() {
-                large = Some(budget.large_answer().await.ok_or_else(|| {
-                    if budget.was_turned_away() {
-                        "a large answer waits for a place to be read".to_owned()
-                    } else {
-                        "the webhook's memory budget is closed".to_owned()
-                    }
-                })?);
+                large = Some(
+                    budget
+                        .large_answer()
+                        .await
+                        .ok_or_else(|| "the webhook's memory budget is closed".to_owned())?,
+                );
             }
             let more = budget
                 .reserve(2 * (capacity - buf.capacity()))
@@ -507,35 +503,18 @@ impl Lookups {
         let review = self.next_review.fetch_add(1, Ordering::Relaxed);
         let read_bytes = AtomicU64::new(0);
         let read_bytes = &read_bytes;
-        let large_turned_away = AtomicBool::new(false);
-        let large_turned_away = &large_turned_away;
         type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectRecord>, String>)>;
         let reads: Vec<Read<'_>> = refs
             .iter()
             .map(|(r, _)| -> Read<'_> {
                 Box::pin(async move {
-                    let heavy = || {
-                        read_bytes.load(Ordering::Relaxed) >= HEAVY_AFTER_BYTES
-                            || large_turned_away.load(Ordering::Relaxed)
+                    let class = if read_bytes.load(Ordering::Relaxed) >= HEAVY_AFTER_BYTES {
+                        Class::Heavy
+                    } else {
+                        Class::Normal
                     };
-                    let found = loop {
-                        let class = if heavy() { Class::Heavy } else { Class::Normal };
-                        let _place = self.fair.acquire(review, class).await;
-                        // A normal place is not held waiting for a large answer's turn: the
-                        // read is given up and made again as a heavy one, so reviews reading
-                        // large objects (or forged to) keep to the heavy share of the cap.
-                        let read_budget = match class {
-                            Class::Normal => budget.turning_away(),
-                            Class::Heavy => budget.clone(),
-                        };
-                        let found = self.source.fetch(namespace, r, &read_budget).await;
-                        if read_budget.was_turned_away() {
-                            large_turned_away.store(true, Ordering::Relaxed);
-                            continue;
-                        }
-                        break found;
-                    };
-                    let found = found.and_then(|f| {
+                    let _place = self.fair.acquire(review, class).await;
+                    let found = self.source.fetch(namespace, r, budget).await.and_then(|f| {
                         f.map(|f| f.into_entry().map_err(|e| e.to_string()))
                             .transpose()
                     });
