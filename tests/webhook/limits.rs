@@ -54,6 +54,14 @@ fn limits() -> Limits {
     }
 }
 
+/// [`limits`] with these connection bounds.
+fn with_connections(connections: ConnectionLimits) -> Limits {
+    Limits {
+        connections,
+        ..limits()
+    }
+}
+
 async fn start(header_read_timeout: Duration, limits: Limits) -> Served {
     start_with_source(header_read_timeout, limits, Arc::new(NoObjects)).await
 }
@@ -367,13 +375,10 @@ async fn a_trickled_body_is_cut_off_with_408() {
     let request_timeout = Duration::from_millis(500);
     let server = start(
         Duration::from_secs(5),
-        Limits {
-            connections: ConnectionLimits {
-                request_timeout,
-                ..limits().connections
-            },
-            ..limits()
-        },
+        with_connections(ConnectionLimits {
+            request_timeout,
+            ..limits().connections
+        }),
     )
     .await;
 
@@ -442,13 +447,10 @@ async fn a_review_not_answered_in_time_gets_503() {
     let request_timeout = Duration::from_millis(300);
     let server = start_with_source(
         Duration::from_secs(5),
-        Limits {
-            connections: ConnectionLimits {
-                request_timeout,
-                ..limits().connections
-            },
-            ..limits()
-        },
+        with_connections(ConnectionLimits {
+            request_timeout,
+            ..limits().connections
+        }),
         Arc::new(SlowObjects),
     )
     .await;
@@ -483,13 +485,10 @@ async fn a_kept_alive_connection_serves_reviews_until_it_is_idle() {
     let idle_timeout = Duration::from_millis(900);
     let server = start(
         header_timeout,
-        Limits {
-            connections: ConnectionLimits {
-                idle_timeout,
-                ..limits().connections
-            },
-            ..limits()
-        },
+        with_connections(ConnectionLimits {
+            idle_timeout,
+            ..limits().connections
+        }),
     )
     .await;
     for h2 in [true, false] {
@@ -623,17 +622,14 @@ async fn a_review_too_dense_to_parse_within_the_budget_is_refused() {
 async fn http2_caps_streams_and_cuts_off_a_client_that_does_not_answer_pings() {
     let server = start(
         Duration::from_secs(5),
-        Limits {
-            connections: ConnectionLimits {
-                http2_max_concurrent_streams: 3,
-                http2_keep_alive_interval: Duration::from_millis(300),
-                http2_keep_alive_timeout: Duration::from_millis(300),
-                idle_timeout: Duration::from_secs(30),
-                request_timeout: Duration::from_secs(30),
-                ..limits().connections
-            },
-            ..limits()
-        },
+        with_connections(ConnectionLimits {
+            http2_max_concurrent_streams: 3,
+            http2_keep_alive_interval: Duration::from_millis(300),
+            http2_keep_alive_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(30),
+            ..limits().connections
+        }),
     )
     .await;
     let mut tls = server.tls(&[b"h2"]).await;
@@ -714,13 +710,10 @@ async fn an_unfinished_http2_header_block_is_cut_off() {
 async fn the_connection_cap_holds_until_a_connection_closes() {
     let server = start(
         Duration::from_secs(5),
-        Limits {
-            connections: ConnectionLimits {
-                max_connections: 2,
-                ..limits().connections
-            },
-            ..limits()
-        },
+        with_connections(ConnectionLimits {
+            max_connections: 2,
+            ..limits().connections
+        }),
     )
     .await;
     let mut first = server.http(true).await;
@@ -808,13 +801,10 @@ async fn answers_a_client_never_reads_are_released_with_its_connection_at_the_de
     let request_timeout = Duration::from_secs(5);
     let server = start(
         Duration::from_secs(5),
-        Limits {
-            connections: ConnectionLimits {
-                request_timeout,
-                ..limits().connections
-            },
-            ..limits()
-        },
+        with_connections(ConnectionLimits {
+            request_timeout,
+            ..limits().connections
+        }),
     )
     .await;
     let io = TokioIo::new(server.tls(&[b"h2"]).await);

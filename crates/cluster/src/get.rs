@@ -1,8 +1,8 @@
 //! GETs of single objects by path, for the webhook's lookups: the API server's answer as it
 //! comes, on connections the asking task drives itself.
 //!
-//! A review reads up to 16 objects at once by name (the webhook's `MAX_CONCURRENT_READS`), and the answer's body is read by the caller within the review memory budget
-//! and never quoted. Through `kube::Client`, each GET would also cross a buffer to a worker task,
+//! A review reads up to 16 objects at once by name (the webhook's `MAX_CONCURRENT_READS`), and
+//! the answer's body is read by the caller within the review memory budget and never quoted. Through `kube::Client`, each GET would also cross a buffer to a worker task,
 //! open a tracing span, pass a retry policy and the sanitizing layer (whose work on a body the
 //! caller reads is nothing), and go through hyper's pooled client, which runs every connection in
 //! a task of its own: several hops between tasks, and often between threads, per GET. None of
@@ -24,7 +24,6 @@
 //! A kubeconfig with a proxy is served through `kube::Client` instead ([`Getter::from_client`]),
 //! as is a getter built from a client alone.
 
-use crate::client::Reads;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -39,6 +38,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use kube::client::ConfigExt;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+use crate::client::Reads;
 
 /// Idle connections kept for later GETs; more than this are closed once their answer is read.
 /// The webhook's shared cap on reads in flight bounds how many are open at once; keeping as many
