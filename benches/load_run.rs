@@ -453,7 +453,7 @@ fn templates() -> Vec<Template> {
 async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
     fixture::check_references();
     let obj = fixture::deployment("info", "");
-    let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::Deployment, &obj) else {
+    let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::DEPLOYMENT, &obj) else {
         panic!("the fixture is not a workload");
     };
     let resolved = lookup::Lookups::new(Arc::new(fixture::MemorySource::new()), 16)

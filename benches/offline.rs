@@ -153,6 +153,7 @@ fn bench(c: &mut Criterion) {
         namespace: None,
         key: None,
         explain: false,
+        ..Default::default()
     };
     // The run is checked as it is measured: every workload stamped, every tenth app rolls.
     let stamped = offline::run(&base, &options).expect("the corpus stamps");

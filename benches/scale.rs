@@ -106,13 +106,13 @@ fn workload(
         "spec": {"containers": [{"name": "app", "image": "registry.invalid/app", "envFrom": env_from}]},
     });
     let mut obj = json!({
-        "apiVersion": if kind == WorkloadKind::CronJob { "batch/v1" } else { "apps/v1" },
+        "apiVersion": if kind == WorkloadKind::CRON_JOB { "batch/v1" } else { "apps/v1" },
         "kind": kind.kind(),
         "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{ns}-{name}"),
                      "resourceVersion": "1", "generation": 1},
     });
     match kind {
-        WorkloadKind::CronJob => {
+        WorkloadKind::CRON_JOB => {
             obj["spec"] =
                 json!({"schedule": "* * * * *", "jobTemplate": {"spec": {"template": pod}}});
         }
@@ -220,7 +220,7 @@ impl Sim {
                 Input::Config(ConfigSource::Watch(kind), Watched::Relisted(listed)),
             );
         }
-        for kind in WorkloadKind::ALL {
+        for kind in WorkloadKind::BUILT_IN {
             let mut listed = HashSet::new();
             for (k, _, e) in workloads.iter().filter(|(_, wk, _)| *wk == kind) {
                 listed.insert(k.clone());
@@ -300,10 +300,10 @@ fn reconcile(scale: f64) -> ReconcileFigures {
         sim.store.upsert(k.clone(), v.clone());
     }
     let kinds = [
-        WorkloadKind::Deployment,
-        WorkloadKind::StatefulSet,
-        WorkloadKind::DaemonSet,
-        WorkloadKind::CronJob,
+        WorkloadKind::DEPLOYMENT,
+        WorkloadKind::STATEFUL_SET,
+        WorkloadKind::DAEMON_SET,
+        WorkloadKind::CRON_JOB,
     ];
     let mut listed = Vec::new();
     for ns in &ns_names {
@@ -394,7 +394,7 @@ fn wave(size: usize) -> WaveFigures {
     for (k, v) in &configs {
         sim.store.upsert(k.clone(), v.clone());
     }
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let mut listed = Vec::new();
     let mut uses_of: BTreeMap<WorkloadKey, &'static str> = BTreeMap::new();
     let mut add = |sim: &Sim, ns: &str, name: String, uses: &[(&str, &'static str)]| {

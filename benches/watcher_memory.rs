@@ -1626,10 +1626,10 @@ fn child_index() {
                 v["metadata"]["resourceVersion"] = json!("123456");
                 v["metadata"]["uid"] = json!("705ab4f5-6393-11e8-b7cc-42010a800002");
                 if let Some(entry) =
-                    WorkloadEntry::from_object(WorkloadKind::Deployment, &v).expect("a workload")
+                    WorkloadEntry::from_object(WorkloadKind::DEPLOYMENT, &v).expect("a workload")
                 {
                     workloads.upsert(
-                        WorkloadKey::new(WorkloadKind::Deployment, &ns, &format!("app-{k}")),
+                        WorkloadKey::new(WorkloadKind::DEPLOYMENT, &ns, &format!("app-{k}")),
                         entry,
                     );
                 }

@@ -141,6 +141,8 @@ pub struct Config {
     /// `--dry-run`: the webhook allows every review without a patch and the watcher records
     /// `WouldRoll` Events instead of touching; no workload is written.
     pub dry_run: bool,
+    /// The kinds stamped and watched: the built-in kinds and `--workload-kind`.
+    pub kinds: crate::core::workload::Kinds,
 }
 
 /// Where the stamp key comes from.
@@ -242,6 +244,7 @@ impl Default for Config {
                 lease: crate::watcher::leader::DEFAULT_LEASE_NAME.to_owned(),
             },
             identity: None,
+            kinds: crate::core::workload::Kinds::built_in(),
             cert_poll: CERT_POLL,
             header_read_timeout: HEADER_READ_TIMEOUT,
             drain_timeout: DRAIN_TIMEOUT,
@@ -537,6 +540,7 @@ impl App {
         .with_excluded_namespaces(excluded_namespaces(config, namespace))
         .with_watch_namespaces(config.watch_namespaces.clone())
         .with_dry_run(config.dry_run)
+        .with_kinds(config.kinds.clone())
     }
 
     /// The watcher's configuration: its pace, the rules, the reference bound, this replica's
@@ -564,6 +568,7 @@ impl App {
                 .collect(),
             dry_run: config.dry_run,
             watch_namespaces: config.watch_namespaces.clone(),
+            kinds: config.kinds.clone(),
         }
     }
 

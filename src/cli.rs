@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::app::{CertSource, Config, KeySource, LeaderElection, SelfSigned, WatcherSettings};
 use crate::core::checksum::{KeyError, StampKey};
+use crate::core::workload::{KindError, Kinds, WorkloadKind};
 use crate::offline::{self, InputError, Output, Source};
 
 #[derive(Debug, Parser)]
@@ -41,6 +42,40 @@ pub enum Command {
     /// each as `helm template` or `kustomize build` prints it. Exit 0 when no existing workload
     /// rolls, 1 when one does, 2 on errors.
     Diff(DiffArgs),
+}
+
+/// `--workload-kind`, on every command that reads workloads.
+#[derive(Debug, Clone, Default, Args)]
+pub struct KindArgs {
+    /// One more kind of workload whose objects carry a pod template, and where:
+    /// GROUP/VERSION/KIND=POINTER, POINTER a JSON pointer to the pod template (as
+    /// apps.kruise.io/v1alpha1/CloneSet=/spec/template). Stamped, watched and explained as the
+    /// built-in kinds (Deployment, StatefulSet, DaemonSet, CronJob, Argo Rollout), with the same
+    /// recipe. Repeatable; comma separated in the environment.
+    #[arg(
+        long = "workload-kind",
+        env = "CONFIGHASH_WORKLOAD_KIND",
+        value_name = "GROUP/VERSION/KIND=POINTER",
+        value_delimiter = ',',
+        value_parser = parse_workload_kind
+    )]
+    pub workload_kinds: Vec<WorkloadKind>,
+}
+
+/// A `--workload-kind` set that cannot be used together.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--workload-kind: {0}")]
+pub struct KindsError(#[source] pub KindError);
+
+impl KindArgs {
+    /// The built-in kinds and those of the flags.
+    pub fn kinds(&self) -> Result<Kinds, KindsError> {
+        Kinds::with_configured(self.workload_kinds.iter().copied()).map_err(KindsError)
+    }
+}
+
+fn parse_workload_kind(s: &str) -> Result<WorkloadKind, String> {
+    WorkloadKind::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Clone, Args)]
@@ -100,22 +135,26 @@ pub struct ExplainArgs {
         value_parser = parse_object_name
     )]
     pub webhook_configuration: String,
+    #[command(flatten)]
+    pub kinds: KindArgs,
 }
 
 impl ExplainArgs {
-    /// What `confighash explain` runs with (the kubeconfig flags are for the client).
-    pub fn to_request(&self) -> crate::explain::Request {
+    /// What `confighash explain` runs with (the kubeconfig flags are for the client); why not,
+    /// when the workload's kind or `--workload-kind` is wrong.
+    pub fn to_request(&self) -> Result<crate::explain::Request, String> {
         use crate::explain::{KeyChoice, Request, Target};
+        let kinds = self.kinds.kinds().map_err(|e| e.to_string())?;
         let target = match (&self.workload, self.all_namespaces) {
             (_, true) => Target::AllNamespaces,
             (Some(w), false) => Target::Workload {
-                kind: w.kind,
+                kind: crate::explain::resolve_kind(&kinds, w)?,
                 name: w.name.clone(),
                 namespace: self.namespace.clone(),
             },
             (None, false) => Target::Namespace(self.namespace.clone()),
         };
-        Request {
+        Ok(Request {
             target,
             format: self.output,
             install_namespace: self.install_namespace.clone(),
@@ -124,7 +163,8 @@ impl ExplainArgs {
                 None => KeyChoice::Secret(self.key_secret.clone()),
             },
             webhook_configuration: self.webhook_configuration.clone(),
-        }
+            kinds,
+        })
     }
 }
 
@@ -367,14 +407,16 @@ pub struct ServeArgs {
     /// touch. Leader election, the key and certificates, and Events work as usual.
     #[arg(long, env = "CONFIGHASH_DRY_RUN")]
     pub dry_run: bool,
+    #[command(flatten)]
+    pub kinds: KindArgs,
 }
 
 impl ServeArgs {
     /// What `confighash serve` runs with. `--leader-elect` unset means on in a cluster
     /// (`KUBERNETES_SERVICE_HOST` set), off outside; the log flags are `main`'s.
-    pub fn to_config(&self) -> Config {
+    pub fn to_config(&self) -> Result<Config, KindsError> {
         let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-        Config {
+        Ok(Config {
             listen: self.listen,
             admin_listen: self.admin_listen,
             key: match &self.key_file {
@@ -424,13 +466,16 @@ impl ServeArgs {
             } else {
                 Duration::ZERO
             },
+            kinds: self.kinds.kinds()?,
             ..Config::default()
-        }
+        })
     }
 }
 
-impl From<ServeArgs> for Config {
-    fn from(args: ServeArgs) -> Self {
+impl TryFrom<ServeArgs> for Config {
+    type Error = KindsError;
+
+    fn try_from(args: ServeArgs) -> Result<Self, Self::Error> {
         args.to_config()
     }
 }
@@ -572,6 +617,8 @@ pub struct StampArgs {
     /// the documents.
     #[arg(long, env = "CONFIGHASH_EXPLAIN")]
     pub explain: bool,
+    #[command(flatten)]
+    pub kinds: KindArgs,
 }
 
 #[derive(Debug, Args)]
@@ -589,6 +636,8 @@ pub struct DiffArgs {
     /// How to print the report: text, json, or markdown (for a pull-request comment).
     #[arg(short = 'o', long = "output", value_enum, default_value = "text")]
     pub output: DiffFormat,
+    #[command(flatten)]
+    pub kinds: KindArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -618,6 +667,7 @@ pub fn diff(args: &DiffArgs, stdin: impl Read) -> Result<offline::diff::Report, 
         namespace: args.namespace.clone(),
         key: None,
         explain: false,
+        kinds: args.kinds.kinds()?,
     };
     Ok(offline::diff::diff(&base, &head, &options)?)
 }
@@ -645,6 +695,8 @@ pub enum StampError {
     },
     #[error(transparent)]
     Input(#[from] InputError),
+    #[error(transparent)]
+    Kinds(#[from] KindsError),
 }
 
 /// Runs `confighash stamp`; `stdin` is read when a path is `-`.
@@ -667,6 +719,7 @@ pub fn stamp(args: &StampArgs, stdin: impl Read) -> Result<Output, StampError> {
         namespace: args.namespace.clone(),
         key,
         explain: args.explain,
+        kinds: args.kinds.kinds()?,
     };
     Ok(offline::run(&sources, &options)?)
 }
@@ -754,7 +807,9 @@ mod tests {
     fn explain(flags: &[&str]) -> Result<crate::explain::Request, clap::Error> {
         let args = ["confighash", "explain"].iter().chain(flags);
         match Cli::try_parse_from(args)?.command {
-            Command::Explain(args) => Ok(args.to_request()),
+            Command::Explain(args) => args
+                .to_request()
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::ValueValidation, e)),
             other => panic!("not explain: {other:?}"),
         }
     }
@@ -767,7 +822,7 @@ mod tests {
             explain(&["-n", "shop", "sts/db", "-o", "json", "--key-file", "/k"]).unwrap(),
             Request {
                 target: Target::Workload {
-                    kind: WorkloadKind::StatefulSet,
+                    kind: WorkloadKind::STATEFUL_SET,
                     name: "db".into(),
                     namespace: Some("shop".into()),
                 },
@@ -775,6 +830,7 @@ mod tests {
                 install_namespace: "confighash".into(),
                 key: KeyChoice::File("/k".into()),
                 webhook_configuration: "confighash".into(),
+                kinds: crate::core::workload::Kinds::built_in(),
             }
         );
         let all = explain(&["-A", "--install-namespace", "ops", "--key-secret", "k"]).unwrap();
@@ -820,7 +876,7 @@ mod tests {
 
     #[test]
     fn serve_without_flags_runs_with_the_default_config() {
-        let mut config = Config::from(serve(&[]));
+        let mut config = Config::try_from(serve(&[])).unwrap();
         // Unset, it depends on where the test runs.
         config.leader_election.enabled = false;
         assert_eq!(config, Config::default());
@@ -856,7 +912,8 @@ mod tests {
             "--leader-elect=true",
             "--lease=l",
         ])
-        .to_config();
+        .to_config()
+        .unwrap();
         assert_eq!(
             config,
             Config {
@@ -898,15 +955,96 @@ mod tests {
                 ..Config::default()
             }
         );
-        let off = serve(&["--leader-elect=false", "--key-secret=k"]).to_config();
+        let off = serve(&["--leader-elect=false", "--key-secret=k"])
+            .to_config()
+            .unwrap();
         assert!(!off.leader_election.enabled);
         assert_eq!(off.key, KeySource::Secret("k".into()));
     }
 
     #[test]
+    fn workload_kinds_reach_every_command_and_bad_ones_name_the_flag() {
+        let clone_set =
+            WorkloadKind::parse("apps.kruise.io/v1alpha1/CloneSet=/spec/template").unwrap();
+        let config = serve(&[
+            "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template",
+            "--workload-kind",
+            "keda.sh/v1alpha1/ScaledJob=/spec/jobTargetRef/template",
+        ])
+        .to_config()
+        .unwrap();
+        let configured: Vec<String> = config.kinds.configured().map(WorkloadKind::flag).collect();
+        assert_eq!(
+            configured,
+            [
+                "apps.kruise.io/v1alpha1/CloneSet=/spec/template",
+                "keda.sh/v1alpha1/ScaledJob=/spec/jobTargetRef/template"
+            ]
+        );
+        assert_eq!(serve(&[]).to_config().unwrap().kinds, Kinds::built_in());
+
+        // A malformed value is refused by the parser, naming the flag and what is wrong.
+        let bad = Cli::try_parse_from(["confighash", "serve", "--workload-kind=CloneSet"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("--workload-kind") && bad.contains("GROUP/VERSION/KIND=POINTER"),
+            "{bad}"
+        );
+        let built_in = Cli::try_parse_from([
+            "confighash",
+            "serve",
+            "--workload-kind=apps/v1/Deployment=/spec/template",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(built_in.contains("is built in"), "{built_in}");
+        // One group and kind at two pointers: refused when the config is made.
+        let twice = serve(&[
+            "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template",
+            "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/other",
+        ])
+        .to_config()
+        .unwrap_err();
+        assert_eq!(
+            twice.to_string(),
+            "--workload-kind: apps.kruise.io/CloneSet is configured twice"
+        );
+
+        let request = explain(&[
+            "cloneset/web",
+            "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template",
+        ])
+        .unwrap();
+        assert_eq!(
+            request.target,
+            crate::explain::Target::Workload {
+                kind: clone_set,
+                name: "web".into(),
+                namespace: None
+            }
+        );
+        for command in ["stamp", "diff"] {
+            let mut args = vec!["confighash", command];
+            args.extend(if command == "stamp" {
+                &["-f", "-"][..]
+            } else {
+                &["--base", "a", "--head", "b"][..]
+            });
+            args.push("--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template");
+            let kinds = match Cli::try_parse_from(args).unwrap().command {
+                Command::Stamp(a) => a.kinds.kinds().unwrap(),
+                Command::Diff(a) => a.kinds.kinds().unwrap(),
+                other => panic!("{other:?}"),
+            };
+            assert!(kinds.contains(clone_set), "{command}");
+        }
+    }
+
+    #[test]
     fn serve_dry_run_reaches_the_config() {
-        assert!(serve(&["--dry-run"]).to_config().dry_run);
-        assert!(!serve(&[]).to_config().dry_run);
+        assert!(serve(&["--dry-run"]).to_config().unwrap().dry_run);
+        assert!(!serve(&[]).to_config().unwrap().dry_run);
     }
 
     #[test]

@@ -93,7 +93,14 @@ fn explain(args: &cli::ExplainArgs) -> ExitCode {
         match confighash::explain::connect(args.kubeconfig.as_deref(), args.context.as_deref())
             .await
         {
-            Ok(client) => confighash::explain::run(client, &args.to_request()).await,
+            Ok(client) => match args.to_request() {
+                Ok(request) => confighash::explain::run(client, &request).await,
+                Err(e) => confighash::explain::Report {
+                    text: String::new(),
+                    errors: vec![e],
+                    code: confighash::explain::EXIT_ERROR,
+                },
+            },
             Err(e) => confighash::explain::Report {
                 text: String::new(),
                 errors: vec![e],
@@ -154,7 +161,14 @@ fn serve(args: cli::ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args.to_config())) {
+    let config = match args.to_config() {
+        Ok(config) => config,
+        Err(e) => {
+            tracing::error!(error = %e, "confighash serve cannot start");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "confighash serve failed");

@@ -7,12 +7,13 @@
 //! never reaches an error or the output.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::Value;
 
 use crate::certs::key::SECRET_DATA_KEY;
@@ -23,7 +24,6 @@ use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef};
 use crate::core::workload::WorkloadKind;
 use crate::explain::model::{self, KeyFacts, KeyOrigin, Read, RefObject};
-use crate::explain::select;
 
 /// Objects asked for per page of a list.
 const PAGE: u32 = 250;
@@ -32,18 +32,6 @@ const PAGE: u32 = 250;
 const MAX_EVENT_PAGES: usize = 20;
 /// References read at once.
 const CONCURRENT_READS: usize = 8;
-
-/// The API resource of a workload kind.
-pub fn api_resource(kind: WorkloadKind) -> ApiResource {
-    let (version, plural) = select::version_and_resource(kind);
-    ApiResource {
-        group: kind.group().to_owned(),
-        version: version.to_owned(),
-        api_version: format!("{}/{version}", kind.group()),
-        kind: kind.kind().to_owned(),
-        plural: plural.to_owned(),
-    }
-}
 
 /// The outcome of a request as a [`Read`].
 fn read<T>(result: Result<T, kube::Error>) -> Read<T> {
@@ -59,17 +47,50 @@ fn read<T>(result: Result<T, kube::Error>) -> Read<T> {
 #[derive(Clone)]
 pub struct ClusterReader {
     client: kube::Client,
+    /// Configured kinds' resources as discovery found them.
+    discovered: Arc<tokio::sync::Mutex<HashMap<WorkloadKind, ApiResource>>>,
 }
 
 impl ClusterReader {
     pub fn new(client: kube::Client) -> Self {
-        ClusterReader { client }
+        ClusterReader {
+            client,
+            discovered: Arc::default(),
+        }
+    }
+
+    /// The API resource of a workload kind: a built-in kind's as kube names it, a configured
+    /// kind's as discovery says (its CRD's plural), or as kube names it when the cluster does not
+    /// serve it (reads then find nothing).
+    pub async fn resource(&self, kind: WorkloadKind) -> ApiResource {
+        let named = || {
+            ApiResource::from_gvk(&GroupVersionKind::gvk(
+                kind.group(),
+                kind.version(),
+                kind.kind(),
+            ))
+        };
+        if kind.is_built_in() {
+            return named();
+        }
+        let mut discovered = self.discovered.lock().await;
+        if let Some(resource) = discovered.get(&kind) {
+            return resource.clone();
+        }
+        let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), kind.kind());
+        match kube::discovery::oneshot::pinned_kind(&self.client, &gvk).await {
+            Ok((resource, _)) => {
+                discovered.insert(kind, resource.clone());
+                resource
+            }
+            Err(_) => named(),
+        }
     }
 
     /// The workload as JSON.
     pub async fn workload(&self, kind: WorkloadKind, namespace: &str, name: &str) -> Read<Value> {
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind));
+            Api::namespaced_with(self.client.clone(), namespace, &self.resource(kind).await);
         match read(api.get(name).await) {
             Read::Found(obj) => match serde_json::to_value(obj) {
                 Ok(v) => Read::Found(v),
@@ -84,7 +105,7 @@ impl ClusterReader {
     /// Every workload of `kind` in `namespace`; `Absent` when the kind is not served.
     pub async fn workloads(&self, kind: WorkloadKind, namespace: &str) -> Read<Vec<Value>> {
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), namespace, &api_resource(kind));
+            Api::namespaced_with(self.client.clone(), namespace, &self.resource(kind).await);
         let mut items = Vec::new();
         let mut params = ListParams::default().limit(PAGE);
         loop {

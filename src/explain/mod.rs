@@ -39,7 +39,7 @@ mod tests;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use crate::core::workload::WorkloadKind;
+use crate::core::workload::{Kinds, WorkloadKind};
 use crate::explain::fetch::ClusterReader;
 use crate::explain::model::{Explanation, Facts, KeyFacts, Read, Verdict};
 use crate::explain::render::Row;
@@ -93,6 +93,8 @@ pub struct Request {
     pub key: KeyChoice,
     /// The MutatingWebhookConfiguration's name.
     pub webhook_configuration: String,
+    /// The kinds explained: the built-in kinds and `--workload-kind`.
+    pub kinds: Kinds,
 }
 
 /// What a run printed and its exit status.
@@ -116,48 +118,59 @@ impl Report {
     }
 }
 
-/// A workload named on the command line: `KIND/NAME`.
+/// A workload named on the command line: `KIND/NAME`, its kind as typed (resolved with the
+/// configured kinds by [`parse_kind`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkloadArg {
-    pub kind: WorkloadKind,
+    pub kind: String,
     pub name: String,
 }
 
-/// The kind kubectl's short or long names (any case, with or without the group) name.
-pub fn parse_kind(s: &str) -> Option<WorkloadKind> {
+/// The kind kubectl's short or long names (any case, with or without the group) name, among the
+/// built-in kinds and those of `kinds`: a configured kind by its kind or plural
+/// (`cloneset`, `clonesets.apps.kruise.io`).
+pub fn parse_kind(kinds: &Kinds, s: &str) -> Option<WorkloadKind> {
     let lower = s.to_ascii_lowercase();
     let (name, group) = match lower.split_once('.') {
         Some((name, group)) => (name, Some(group)),
         None => (lower.as_str(), None),
     };
-    let kind = match name {
-        "deploy" | "deployment" | "deployments" => WorkloadKind::Deployment,
-        "sts" | "statefulset" | "statefulsets" => WorkloadKind::StatefulSet,
-        "ds" | "daemonset" | "daemonsets" => WorkloadKind::DaemonSet,
-        "cj" | "cronjob" | "cronjobs" => WorkloadKind::CronJob,
-        "ro" | "rollout" | "rollouts" => WorkloadKind::Rollout,
-        _ => return None,
+    let built_in = match name {
+        "deploy" | "deployment" | "deployments" => Some(WorkloadKind::DEPLOYMENT),
+        "sts" | "statefulset" | "statefulsets" => Some(WorkloadKind::STATEFUL_SET),
+        "ds" | "daemonset" | "daemonsets" => Some(WorkloadKind::DAEMON_SET),
+        "cj" | "cronjob" | "cronjobs" => Some(WorkloadKind::CRON_JOB),
+        "ro" | "rollout" | "rollouts" => Some(WorkloadKind::ROLLOUT),
+        _ => None,
     };
     // `deployments.apps` and `deployments.v1.apps` name the group (and version) too.
-    let (version, _) = select::version_and_resource(kind);
-    let group_ok =
-        group.is_none_or(|g| g == kind.group() || g == format!("{version}.{}", kind.group()));
-    group_ok.then_some(kind)
+    let group_ok = |kind: WorkloadKind| {
+        group.is_none_or(|g| {
+            g == kind.group() || g == format!("{}.{}", kind.version(), kind.group())
+        })
+    };
+    if let Some(kind) = built_in {
+        return group_ok(kind).then_some(kind);
+    }
+    let mut named = kinds.configured().filter(|&kind| {
+        (name == kind.kind().to_ascii_lowercase() || name == select::plural(kind)) && group_ok(kind)
+    });
+    match (named.next(), named.next()) {
+        (Some(kind), None) => Some(kind),
+        _ => None,
+    }
 }
 
-/// Parses `KIND/NAME`.
+/// Parses `KIND/NAME`; the kind is resolved later, once the configured kinds are known.
 pub fn parse_workload(s: &str) -> Result<WorkloadArg, String> {
     let Some((kind, name)) = s.split_once('/') else {
         return Err(format!(
             "{s:?} is not KIND/NAME (for example deploy/web, sts/db, cj/backup, rollout/api)"
         ));
     };
-    let kind = parse_kind(kind).ok_or_else(|| {
-        format!(
-            "{kind:?} is not a kind confighash stamps: deploy (deployment), sts (statefulset), ds \
-             (daemonset), cj (cronjob) or rollout (argoproj.io Rollout)"
-        )
-    })?;
+    if kind.is_empty() {
+        return Err(format!("{s:?} names no kind (for example deploy/web)"));
+    }
     if !crate::core::refs::is_object_name(name) {
         return Err(format!(
             "{name:?} is not an object name (lowercase letters, digits, '-' and '.', starting and \
@@ -165,8 +178,30 @@ pub fn parse_workload(s: &str) -> Result<WorkloadArg, String> {
         ));
     }
     Ok(WorkloadArg {
-        kind,
+        kind: kind.to_owned(),
         name: name.to_owned(),
+    })
+}
+
+/// The kind of `arg` among the built-in kinds and `kinds`, or why it is none.
+pub fn resolve_kind(kinds: &Kinds, arg: &WorkloadArg) -> Result<WorkloadKind, String> {
+    parse_kind(kinds, &arg.kind).ok_or_else(|| {
+        let configured: Vec<String> = kinds
+            .configured()
+            .map(|k| k.kind().to_ascii_lowercase())
+            .collect();
+        let configured = if configured.is_empty() {
+            String::new()
+        } else {
+            format!(", or a configured kind: {}", configured.join(", "))
+        };
+        // Quoted with escapes: it is what was typed.
+        format!(
+            "{:?} is not a kind confighash stamps: deploy (deployment), sts (statefulset), ds \
+             (daemonset), cj (cronjob), rollout (argoproj.io Rollout){configured}; more with \
+             --workload-kind",
+            arg.kind
+        )
     })
 }
 
@@ -294,6 +329,7 @@ async fn facts(
     let references = cluster.references(namespace, &refs, cache).await;
     Ok(Facts {
         kind,
+        resource: cluster.resource(kind).await.plural,
         namespace: namespace.to_owned(),
         name: name.to_owned(),
         object,
@@ -318,17 +354,19 @@ async fn one(
     let object = match cluster.workload(kind, namespace, name).await {
         Read::Found(object) => object,
         Read::Absent => {
-            let hint = if kind == WorkloadKind::Rollout {
-                " (or the cluster does not serve argoproj.io/v1alpha1 Rollouts)"
+            let hint = if kind == WorkloadKind::ROLLOUT {
+                " (or the cluster does not serve argoproj.io/v1alpha1 Rollouts)".to_owned()
+            } else if !kind.is_built_in() {
+                format!(" (or the cluster does not serve {})", kind.api_version())
             } else {
-                ""
+                String::new()
             };
             return Report::error(format!("{kind} {namespace}/{name} does not exist{hint}"));
         }
         Read::Forbidden => {
             return Report::error(format!(
                 "reading {kind} {namespace}/{name} is forbidden (get {} in namespace {namespace})",
-                select::version_and_resource(kind).1
+                cluster.resource(kind).await.plural
             ));
         }
         Read::Failed(e) => return Report::error(format!("reading {kind} {namespace}/{name}: {e}")),
@@ -391,7 +429,7 @@ async fn many(
     for namespace in &namespaces {
         let labels = cluster.namespace_labels(namespace).await;
         let mut cache = HashMap::new();
-        for kind in WorkloadKind::ALL {
+        for kind in request.kinds.iter() {
             let objects = match cluster.workloads(kind, namespace).await {
                 Read::Found(objects) => objects,
                 // Not served (Rollouts without Argo Rollouts).
@@ -399,14 +437,14 @@ async fn many(
                 Read::Forbidden => {
                     errors.push(format!(
                         "listing {} in namespace {namespace} is forbidden",
-                        select::version_and_resource(kind).1
+                        cluster.resource(kind).await.plural
                     ));
                     continue;
                 }
                 Read::Failed(e) => {
                     errors.push(format!(
                         "listing {} in namespace {namespace}: {e}",
-                        select::version_and_resource(kind).1
+                        cluster.resource(kind).await.plural
                     ));
                     continue;
                 }
@@ -439,7 +477,7 @@ async fn many(
             }
         }
     }
-    let order = |kind: &str| WorkloadKind::ALL.iter().position(|k| k.kind() == kind);
+    let order = |kind: &str| request.kinds.iter().position(|k| k.kind() == kind);
     rows.sort_by(|a, b| {
         (&a.namespace, order(a.kind), &a.name).cmp(&(&b.namespace, order(b.kind), &b.name))
     });

@@ -97,6 +97,8 @@ pub struct KeyFacts {
 #[derive(Debug, Clone)]
 pub struct Facts {
     pub kind: WorkloadKind,
+    /// The kind's resource (plural) as the cluster serves it: what webhook rules name.
+    pub resource: String,
     pub namespace: String,
     pub name: String,
     /// The workload as the API server returned it.
@@ -848,6 +850,7 @@ fn webhook_info(
                 config,
                 Subject {
                     kind: facts.kind,
+                    resource: &facts.resource,
                     namespace_labels,
                     object_labels,
                 },

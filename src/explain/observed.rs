@@ -183,7 +183,7 @@ pub fn rollout(kind: WorkloadKind, obj: &Value) -> RolloutInfo {
     let generation = int("/metadata/generation");
     let observed_generation = int("/status/observedGeneration");
     match kind {
-        WorkloadKind::Deployment | WorkloadKind::Rollout => RolloutInfo {
+        WorkloadKind::DEPLOYMENT | WorkloadKind::ROLLOUT => RolloutInfo {
             generation,
             observed_generation,
             desired: Some(int("/spec/replicas").unwrap_or(1)),
@@ -192,12 +192,12 @@ pub fn rollout(kind: WorkloadKind, obj: &Value) -> RolloutInfo {
             available: int("/status/availableReplicas"),
             progressing: progressing(),
             paused: flag("/spec/paused"),
-            phase: (kind == WorkloadKind::Rollout)
+            phase: (kind == WorkloadKind::ROLLOUT)
                 .then(|| text("/status/phase"))
                 .flatten(),
             ..RolloutInfo::default()
         },
-        WorkloadKind::StatefulSet => RolloutInfo {
+        WorkloadKind::STATEFUL_SET => RolloutInfo {
             generation,
             observed_generation,
             desired: Some(int("/spec/replicas").unwrap_or(1)),
@@ -207,7 +207,7 @@ pub fn rollout(kind: WorkloadKind, obj: &Value) -> RolloutInfo {
             update_strategy: text("/spec/updateStrategy/type"),
             ..RolloutInfo::default()
         },
-        WorkloadKind::DaemonSet => RolloutInfo {
+        WorkloadKind::DAEMON_SET => RolloutInfo {
             generation,
             observed_generation,
             desired: int("/status/desiredNumberScheduled"),
@@ -217,10 +217,16 @@ pub fn rollout(kind: WorkloadKind, obj: &Value) -> RolloutInfo {
             update_strategy: text("/spec/updateStrategy/type"),
             ..RolloutInfo::default()
         },
-        WorkloadKind::CronJob => RolloutInfo {
+        WorkloadKind::CRON_JOB => RolloutInfo {
             last_schedule_time: text("/status/lastScheduleTime"),
             last_successful_time: text("/status/lastSuccessfulTime"),
             suspended: Some(flag("/spec/suspend").unwrap_or(false)),
+            ..RolloutInfo::default()
+        },
+        // A configured kind: its status is its CRD's own; what is common is shown.
+        _ => RolloutInfo {
+            generation,
+            observed_generation,
             ..RolloutInfo::default()
         },
     }

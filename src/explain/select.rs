@@ -22,21 +22,24 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// watcher is one) re-stamps it.
 pub const OPERATIONS: [&str; 2] = ["CREATE", "UPDATE"];
 
-/// The served version and resource (plural) of a workload kind, as webhook rules name them.
-pub fn version_and_resource(kind: WorkloadKind) -> (&'static str, &'static str) {
-    match kind {
-        WorkloadKind::Deployment => ("v1", "deployments"),
-        WorkloadKind::StatefulSet => ("v1", "statefulsets"),
-        WorkloadKind::DaemonSet => ("v1", "daemonsets"),
-        WorkloadKind::CronJob => ("v1", "cronjobs"),
-        WorkloadKind::Rollout => ("v1alpha1", "rollouts"),
-    }
+/// The resource (plural) of a workload kind as kube names it from the kind (`deployments`); a
+/// configured kind's CRD may name it otherwise, which discovery says
+/// ([`ClusterReader::resource`](super::fetch::ClusterReader::resource)).
+pub fn plural(kind: WorkloadKind) -> String {
+    kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        kind.group(),
+        kind.version(),
+        kind.kind(),
+    ))
+    .plural
 }
 
 /// What an entry's selectors are evaluated against.
 #[derive(Debug, Clone, Copy)]
 pub struct Subject<'a> {
     pub kind: WorkloadKind,
+    /// The kind's resource (plural) as the cluster serves it.
+    pub resource: &'a str,
     /// The Namespace's labels (with [`NAMESPACE_NAME_LABEL`]); `None` when they could not be read.
     pub namespace_labels: Option<&'a BTreeMap<String, String>>,
     /// The workload's labels.
@@ -127,7 +130,7 @@ fn entry(webhook: &MutatingWebhook, subject: Subject<'_>) -> EntryMatch {
         webhook.object_selector.as_ref(),
         subject.object_labels,
     );
-    let (version, resource) = version_and_resource(subject.kind);
+    let (version, resource) = (subject.kind.version(), subject.resource);
     let exact = webhook.match_policy.as_deref() == Some("Exact");
     let mut operations = Vec::new();
     let mut by_equivalence = false;
@@ -309,6 +312,7 @@ mod tests {
             configuration,
             Subject {
                 kind,
+                resource: &plural(kind),
                 namespace_labels: ns,
                 object_labels: object,
             },
@@ -322,7 +326,7 @@ mod tests {
             ("confighash.dev/enabled", "true"),
             (NAMESPACE_NAME_LABEL, "shop"),
         ]);
-        for kind in WorkloadKind::ALL {
+        for kind in WorkloadKind::BUILT_IN {
             let found = evaluate(&config, kind, Some(&ns), &labels(&[("app", "web")]));
             assert_eq!(found.len(), 1);
             assert_eq!(found[0].selected, Some(true), "{kind}: {found:?}");
@@ -347,7 +351,7 @@ mod tests {
                 (NAMESPACE_NAME_LABEL, "kube-system"),
             ]),
         ] {
-            let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &object);
+            let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &object);
             assert_eq!(found[0].namespace_selected, Some(false), "{ns:?}");
             assert_eq!(selected(&found), Some(false));
         }
@@ -358,15 +362,15 @@ mod tests {
         let config = installed();
         let out = labels(&[("confighash.dev/enabled", "false")]);
         let ns = labels(&[("confighash.dev/enabled", "true")]);
-        let found = evaluate(&config, WorkloadKind::StatefulSet, Some(&ns), &out);
+        let found = evaluate(&config, WorkloadKind::STATEFUL_SET, Some(&ns), &out);
         assert!(!found[0].object_selected);
         assert_eq!(selected(&found), Some(false));
         // Unknown namespace labels do not matter then.
-        let found = evaluate(&config, WorkloadKind::StatefulSet, None, &out);
+        let found = evaluate(&config, WorkloadKind::STATEFUL_SET, None, &out);
         assert_eq!(found[0].namespace_selected, None);
         assert_eq!(selected(&found), Some(false));
         // But they do for a workload the objectSelector selects.
-        let found = evaluate(&config, WorkloadKind::StatefulSet, None, &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::STATEFUL_SET, None, &labels(&[]));
         assert_eq!(selected(&found), None);
     }
 
@@ -380,22 +384,22 @@ mod tests {
             serde_json::from_value(json!({"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["deployments/*"]})).unwrap(),
             serde_json::from_value(json!({"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*/*"], "scope": "Cluster"})).unwrap(),
         ]);
-        let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[]));
         assert_eq!(found[0].operations, ["CREATE"]);
         assert_eq!(found[0].selected, Some(false));
-        let found = evaluate(&config, WorkloadKind::CronJob, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::CRON_JOB, Some(&ns), &labels(&[]));
         assert!(found[0].operations.is_empty());
 
         let webhook = &mut config.webhooks.as_mut().unwrap()[0];
         webhook.rules = Some(vec![serde_json::from_value(json!({"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*"]})).unwrap()]);
-        let found = evaluate(&config, WorkloadKind::Rollout, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::ROLLOUT, Some(&ns), &labels(&[]));
         assert_eq!(found[0].selected, Some(true));
 
         // Another version counts under Equivalent (the default), not under Exact.
         let webhook = &mut config.webhooks.as_mut().unwrap()[0];
         webhook.rules = Some(vec![serde_json::from_value(json!({"apiGroups": ["apps"], "apiVersions": ["v1beta2"], "operations": ["CREATE", "UPDATE"], "resources": ["deployments"]})).unwrap()]);
         webhook.match_policy = None;
-        let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[]));
         assert_eq!(found[0].selected, Some(true));
         assert!(
             found[0].notes[0].contains("Equivalent"),
@@ -403,7 +407,7 @@ mod tests {
             found[0].notes
         );
         config.webhooks.as_mut().unwrap()[0].match_policy = Some("Exact".into());
-        let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[]));
         assert_eq!(found[0].selected, Some(false));
     }
 
@@ -415,13 +419,13 @@ mod tests {
         other.name = "other.example.com".into();
         other.object_selector = Some(selector(json!({"matchLabels": {"team": "a"}})));
         config.webhooks.as_mut().unwrap().insert(0, other);
-        let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[]));
         assert_eq!(found[0].selected, Some(false));
         assert_eq!(found[1].selected, Some(true));
         assert_eq!(selected(&found), Some(true));
 
         config.webhooks = None;
-        assert!(evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[])).is_empty());
+        assert!(evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[])).is_empty());
         assert_eq!(selected(&[]), Some(false));
     }
 
@@ -463,7 +467,7 @@ mod tests {
             json!({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}),
         ));
         let ns = labels(&[("confighash.dev/enabled", "true")]);
-        let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[]));
         assert_eq!(found[0].selected, Some(false));
         assert!(
             found[0].notes[0].contains("objectSelector is not valid"),
@@ -477,7 +481,7 @@ mod tests {
         let mut config = installed();
         config.webhooks.as_mut().unwrap()[0].client_config.ca_bundle = None;
         let ns = labels(&[("confighash.dev/enabled", "true")]);
-        let found = evaluate(&config, WorkloadKind::Deployment, Some(&ns), &labels(&[]));
+        let found = evaluate(&config, WorkloadKind::DEPLOYMENT, Some(&ns), &labels(&[]));
         assert!(
             found[0].notes[0].contains("caBundle is empty"),
             "{:?}",

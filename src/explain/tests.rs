@@ -10,10 +10,11 @@ use serde_json::{Value, json};
 use super::model::{self, Facts, KeyFacts, KeyOrigin, Read, RefObject, Verdict};
 use super::observed;
 use super::render;
-use super::{WorkloadArg, parse_kind, parse_workload};
+use super::{WorkloadArg, parse_kind, parse_workload, resolve_kind};
 use crate::core::checksum::{self, StampKey};
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
+use crate::core::workload::Kinds;
 use crate::core::workload::WorkloadKind;
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -129,7 +130,8 @@ fn installed_webhook() -> MutatingWebhookConfiguration {
 /// found, no Events; the workload as given.
 fn facts(object: Value) -> Facts {
     Facts {
-        kind: WorkloadKind::Deployment,
+        kind: WorkloadKind::DEPLOYMENT,
+        resource: "deployments".into(),
         namespace: "shop".into(),
         name: "web".into(),
         object,
@@ -225,7 +227,7 @@ fn a_current_stamp_over_changed_config_is_stale() {
 #[test]
 fn a_v1_stamp_of_the_current_key_is_checked_under_v1() {
     let f = unstamped();
-    let info = match crate::core::workload::analyze(WorkloadKind::Deployment, &f.object).unwrap() {
+    let info = match crate::core::workload::analyze(WorkloadKind::DEPLOYMENT, &f.object).unwrap() {
         crate::core::workload::Analysis::Workload(info) => info,
         _ => unreachable!(),
     };
@@ -485,7 +487,7 @@ fn selection_gates_come_before_the_stamp() {
     assert_eq!(verdict(&f).0, Verdict::NotSelected);
 
     let rollout = Facts {
-        kind: WorkloadKind::Rollout,
+        kind: WorkloadKind::ROLLOUT,
         object: json!({"metadata": {"name": "web"}, "spec": {"workloadRef": {"kind": "Deployment", "name": "web"}}}),
         ..unstamped()
     };
@@ -642,7 +644,7 @@ fn only_confighash_events_about_the_workload_are_shown_newest_last() {
         event("ConfigChanged", "someone-else", "web", &t(4), None),
         event("TouchFailed", "confighash", "web", &t(5), Some(3)),
     ];
-    let found = observed::recorded_events(&events, WorkloadKind::Deployment, "shop", "web");
+    let found = observed::recorded_events(&events, WorkloadKind::DEPLOYMENT, "shop", "web");
     assert_eq!(
         found
             .iter()
@@ -656,13 +658,13 @@ fn only_confighash_events_about_the_workload_are_shown_newest_last() {
     assert_eq!(found[1].count, Some(3));
     // Another kind of the same name is another object.
     assert!(
-        observed::recorded_events(&events, WorkloadKind::StatefulSet, "shop", "web").is_empty()
+        observed::recorded_events(&events, WorkloadKind::STATEFUL_SET, "shop", "web").is_empty()
     );
 
     for m in 10..20 {
         events.push(event("ConfigChanged", "confighash", "web", &t(m), None));
     }
-    let found = observed::recorded_events(&events, WorkloadKind::Deployment, "shop", "web");
+    let found = observed::recorded_events(&events, WorkloadKind::DEPLOYMENT, "shop", "web");
     assert_eq!(found.len(), observed::MAX_EVENTS);
     assert_eq!(
         found.last().unwrap().time.as_deref(),
@@ -681,7 +683,7 @@ fn only_confighash_events_about_the_workload_are_shown_newest_last() {
 #[test]
 fn rollout_state_by_kind() {
     let d = observed::rollout(
-        WorkloadKind::Deployment,
+        WorkloadKind::DEPLOYMENT,
         &deployment(json!({}), json!({}), None),
     );
     assert_eq!(d.generation, Some(2));
@@ -692,13 +694,13 @@ fn rollout_state_by_kind() {
     );
 
     let ds = observed::rollout(
-        WorkloadKind::DaemonSet,
+        WorkloadKind::DAEMON_SET,
         &json!({"metadata": {"generation": 4}, "spec": {"updateStrategy": {"type": "OnDelete"}},
                 "status": {"observedGeneration": 3, "desiredNumberScheduled": 5, "updatedNumberScheduled": 2}}),
     );
     assert_eq!((ds.desired, ds.updated), (Some(5), Some(2)));
     let text = render::text(&model::explain(&Facts {
-        kind: WorkloadKind::DaemonSet,
+        kind: WorkloadKind::DAEMON_SET,
         object: {
             let mut o = deployment(json!({}), json!({}), None);
             o["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
@@ -716,7 +718,7 @@ fn rollout_state_by_kind() {
     );
 
     let cj = observed::rollout(
-        WorkloadKind::CronJob,
+        WorkloadKind::CRON_JOB,
         &json!({"status": {"lastScheduleTime": "2025-01-01T00:00:00Z"}}),
     );
     assert_eq!(
@@ -727,7 +729,7 @@ fn rollout_state_by_kind() {
     assert_eq!(cj.desired, None);
 
     let ro = observed::rollout(
-        WorkloadKind::Rollout,
+        WorkloadKind::ROLLOUT,
         &json!({"spec": {"replicas": 2}, "status": {"phase": "Healthy"}}),
     );
     assert_eq!(ro.phase.as_deref(), Some("Healthy"));
@@ -775,34 +777,58 @@ fn the_table_lines_up_and_shortens_stamps() {
 #[test]
 fn kinds_by_kubectl_names() {
     for (s, kind) in [
-        ("deploy", WorkloadKind::Deployment),
-        ("Deployment", WorkloadKind::Deployment),
-        ("deployments.apps", WorkloadKind::Deployment),
-        ("deployments.v1.apps", WorkloadKind::Deployment),
-        ("sts", WorkloadKind::StatefulSet),
-        ("statefulsets", WorkloadKind::StatefulSet),
-        ("ds", WorkloadKind::DaemonSet),
-        ("daemonset", WorkloadKind::DaemonSet),
-        ("cj", WorkloadKind::CronJob),
-        ("cronjobs.batch", WorkloadKind::CronJob),
-        ("rollout", WorkloadKind::Rollout),
-        ("rollouts", WorkloadKind::Rollout),
-        ("rollouts.argoproj.io", WorkloadKind::Rollout),
+        ("deploy", WorkloadKind::DEPLOYMENT),
+        ("Deployment", WorkloadKind::DEPLOYMENT),
+        ("deployments.apps", WorkloadKind::DEPLOYMENT),
+        ("deployments.v1.apps", WorkloadKind::DEPLOYMENT),
+        ("sts", WorkloadKind::STATEFUL_SET),
+        ("statefulsets", WorkloadKind::STATEFUL_SET),
+        ("ds", WorkloadKind::DAEMON_SET),
+        ("daemonset", WorkloadKind::DAEMON_SET),
+        ("cj", WorkloadKind::CRON_JOB),
+        ("cronjobs.batch", WorkloadKind::CRON_JOB),
+        ("rollout", WorkloadKind::ROLLOUT),
+        ("rollouts", WorkloadKind::ROLLOUT),
+        ("rollouts.argoproj.io", WorkloadKind::ROLLOUT),
     ] {
-        assert_eq!(parse_kind(s), Some(kind), "{s}");
+        assert_eq!(parse_kind(&Kinds::built_in(), s), Some(kind), "{s}");
     }
-    for s in ["pod", "job", "deployments.batch", "", "svc"] {
-        assert_eq!(parse_kind(s), None, "{s}");
+    for s in ["pod", "job", "deployments.batch", "", "svc", "cloneset"] {
+        assert_eq!(parse_kind(&Kinds::built_in(), s), None, "{s}");
     }
+    let clone_set = WorkloadKind::parse("apps.kruise.io/v1alpha1/CloneSet=/spec/template").unwrap();
+    let kinds = Kinds::with_configured([clone_set]).unwrap();
+    for s in [
+        "cloneset",
+        "CloneSet",
+        "clonesets",
+        "clonesets.apps.kruise.io",
+        "clonesets.v1alpha1.apps.kruise.io",
+    ] {
+        assert_eq!(parse_kind(&kinds, s), Some(clone_set), "{s}");
+    }
+    assert_eq!(parse_kind(&kinds, "clonesets.apps"), None);
+    assert_eq!(parse_kind(&kinds, "deploy"), Some(WorkloadKind::DEPLOYMENT));
+    let arg = parse_workload("cloneset/web").unwrap();
+    assert_eq!(resolve_kind(&kinds, &arg), Ok(clone_set));
+    let unknown = resolve_kind(&Kinds::built_in(), &arg).unwrap_err();
+    assert!(
+        unknown.contains("not a kind") && unknown.contains("--workload-kind"),
+        "{unknown}"
+    );
     assert_eq!(
         parse_workload("sts/db-0"),
         Ok(WorkloadArg {
-            kind: WorkloadKind::StatefulSet,
+            kind: "sts".into(),
             name: "db-0".into()
         })
     );
     assert!(parse_workload("web").unwrap_err().contains("not KIND/NAME"));
-    assert!(parse_workload("job/x").unwrap_err().contains("not a kind"));
+    assert!(
+        resolve_kind(&Kinds::built_in(), &parse_workload("job/x").unwrap())
+            .unwrap_err()
+            .contains("not a kind")
+    );
     assert!(
         parse_workload("deploy/Web")
             .unwrap_err()
@@ -859,7 +885,7 @@ fn a_dry_runs_would_roll_events_are_shown() {
         "2025-01-01T00:01:00.000000Z",
         None,
     )];
-    let found = observed::recorded_events(&events, WorkloadKind::Deployment, "shop", "web");
+    let found = observed::recorded_events(&events, WorkloadKind::DEPLOYMENT, "shop", "web");
     assert_eq!(
         found.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
         ["WouldRoll"]

@@ -23,7 +23,7 @@ use crate::core::patch;
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectKind, ObjectRef, References, Selection};
 use crate::core::rules;
-use crate::core::workload::{self, Analysis, FieldPath, WorkloadError, WorkloadKind};
+use crate::core::workload::{self, Analysis, FieldPath, Kinds, WorkloadError, WorkloadKind};
 
 /// One input: a file's text and the name errors call it by.
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ pub struct Source {
 }
 
 /// How to stamp.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Options {
     /// The namespace of documents that name none (`--namespace`). Without it, every ConfigMap,
     /// Secret and stamped workload must name its own: there is no silent `default`, because the
@@ -43,6 +43,8 @@ pub struct Options {
     pub key: Option<StampKey>,
     /// Report references and stamps instead of writing the documents.
     pub explain: bool,
+    /// The kinds stamped: the built-in kinds and `--workload-kind`.
+    pub kinds: Kinds,
 }
 
 /// A problem with the input, located by file, document (1-based) and line.
@@ -201,7 +203,7 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         let mut obj = object(&docs, place);
         let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
-        let Some(kind) = WorkloadKind::from_type(api_version, kind) else {
+        let Some(kind) = options.kinds.from_type(api_version, kind) else {
             continue;
         };
         let doc = &docs[place.doc];
@@ -231,6 +233,14 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
                 continue;
             }
             Ok(Analysis::Unsupported) => continue,
+            Err(e) if !kind.is_built_in() && e.is_no_template() => {
+                let title = title(kind, &obj, options);
+                out.warnings.push(format!(
+                    "{title}: {e} (--workload-kind {}); left as it is",
+                    kind.flag()
+                ));
+                continue;
+            }
             Err(WorkloadError::PodSpec { path, error: e }) => {
                 let message = format!("{}: {}: {e}", named(kind, &obj), path.display());
                 return Err(located(sources, doc, place, Some(path), message));

@@ -61,7 +61,8 @@ async fn explain_with(client: kube::Client, args: &[&str]) -> Report {
     let Command::Explain(parsed) = cli.command else {
         panic!("not explain")
     };
-    let report = explain::run(client, &parsed.to_request()).await;
+    let request = parsed.to_request().expect("a valid explain request");
+    let report = explain::run(client, &request).await;
     // The output, for `cargo test -- --nocapture`.
     println!("$ confighash explain {}\n{}", args.join(" "), report.text);
     for e in &report.errors {

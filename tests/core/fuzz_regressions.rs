@@ -134,6 +134,7 @@ fn stamp_yaml_lone_carriage_returns_are_line_breaks() {
         namespace: Some("default".to_owned()),
         key: None,
         explain: false,
+        ..Default::default()
     };
     let e = confighash::offline::run(&[source], &options).expect_err("not YAML");
     assert_eq!((e.document, e.line), (1, 3), "{e}");
@@ -152,6 +153,7 @@ fn stamp_yaml_errors_after_lone_carriage_returns_name_the_right_line() {
         namespace: Some("default".to_owned()),
         key: None,
         explain: false,
+        ..Default::default()
     };
     let e = confighash::offline::run(&[source], &options).expect_err("not YAML");
     assert_eq!((e.document, e.line), (2, 5), "{e}");

@@ -36,7 +36,7 @@ fn apply(obj: &Value, kind: WorkloadKind, stamp: Option<&str>, marker: bool) -> 
 #[test]
 fn adds_missing_annotations_map() {
     let obj = deployment(json!({"labels": {"app": "web"}}));
-    let (out, _) = apply(&obj, WorkloadKind::Deployment, Some(STAMP), false);
+    let (out, _) = apply(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false);
     let mut want = obj.clone();
     want["spec"]["template"]["metadata"]["annotations"] = json!({"confighash.dev/checksum": STAMP});
     assert_eq!(out, want);
@@ -49,7 +49,7 @@ fn adds_missing_metadata_and_escapes_the_slash() {
         .as_object_mut()
         .unwrap()
         .remove("metadata");
-    let p = patch::build(&obj, WorkloadKind::Deployment, Some(STAMP), false).unwrap();
+    let p = patch::build(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false).unwrap();
     let paths: Vec<String> = serde_json::to_value(&p)
         .unwrap()
         .as_array()
@@ -65,7 +65,7 @@ fn adds_missing_metadata_and_escapes_the_slash() {
             "/spec/template/metadata/annotations/confighash.dev~1checksum"
         ]
     );
-    let (out, _) = apply(&obj, WorkloadKind::Deployment, Some(STAMP), false);
+    let (out, _) = apply(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false);
     assert_eq!(
         out["spec"]["template"]["metadata"],
         json!({"annotations": {"confighash.dev/checksum": STAMP}})
@@ -75,7 +75,7 @@ fn adds_missing_metadata_and_escapes_the_slash() {
 #[test]
 fn null_annotations_are_replaced() {
     let obj = deployment(json!({"annotations": null}));
-    let (out, _) = apply(&obj, WorkloadKind::Deployment, Some(STAMP), false);
+    let (out, _) = apply(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false);
     assert_eq!(
         out["spec"]["template"]["metadata"]["annotations"],
         json!({"confighash.dev/checksum": STAMP})
@@ -89,7 +89,7 @@ fn replaces_only_the_stamp_and_keeps_other_annotations() {
         "odd~key/with~1escapes": "kept",
         "prometheus.io/scrape": "true"
     }}));
-    let (out, n) = apply(&obj, WorkloadKind::Deployment, Some(STAMP), false);
+    let (out, n) = apply(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false);
     assert_eq!(n, 1);
     let mut want = obj.clone();
     want["spec"]["template"]["metadata"]["annotations"]["confighash.dev/checksum"] = json!(STAMP);
@@ -99,11 +99,11 @@ fn replaces_only_the_stamp_and_keeps_other_annotations() {
 #[test]
 fn empty_when_already_right() {
     let obj = deployment(json!({"annotations": {"confighash.dev/checksum": STAMP}}));
-    let p = patch::build(&obj, WorkloadKind::Deployment, Some(STAMP), false).unwrap();
+    let p = patch::build(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false).unwrap();
     assert!(p.0.is_empty(), "{p:?}");
     let p = patch::build(
         &deployment(json!({})),
-        WorkloadKind::Deployment,
+        WorkloadKind::DEPLOYMENT,
         None,
         false,
     )
@@ -114,7 +114,7 @@ fn empty_when_already_right() {
 #[test]
 fn removes_a_stamp_and_adds_the_marker() {
     let obj = deployment(json!({"annotations": {"confighash.dev/checksum": STAMP, "a": "b"}}));
-    let (out, _) = apply(&obj, WorkloadKind::Deployment, None, true);
+    let (out, _) = apply(&obj, WorkloadKind::DEPLOYMENT, None, true);
     let mut want = obj.clone();
     want["spec"]["template"]["metadata"]["annotations"] = json!({"a": "b"});
     want["metadata"]["annotations"] = json!({"confighash.dev/unstamped": "lookup-failed"});
@@ -126,7 +126,7 @@ fn stamping_removes_the_marker() {
     let mut obj = deployment(json!({}));
     obj["metadata"]["annotations"] =
         json!({"confighash.dev/unstamped": "lookup-failed", "team": "shop"});
-    let (out, _) = apply(&obj, WorkloadKind::Deployment, Some(STAMP), false);
+    let (out, _) = apply(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false);
     assert_eq!(out["metadata"]["annotations"], json!({"team": "shop"}));
     assert_eq!(
         out["spec"]["template"]["metadata"]["annotations"]["confighash.dev/checksum"],
@@ -148,7 +148,7 @@ fn cron_job_template_is_under_the_job_template() {
             }}}}
         }
     });
-    let (out, _) = apply(&obj, WorkloadKind::CronJob, Some(STAMP), false);
+    let (out, _) = apply(&obj, WorkloadKind::CRON_JOB, Some(STAMP), false);
     let mut want = obj.clone();
     want["spec"]["jobTemplate"]["spec"]["template"]["metadata"] =
         json!({"annotations": {"confighash.dev/checksum": STAMP}});
@@ -159,6 +159,6 @@ fn cron_job_template_is_under_the_job_template() {
 fn a_template_that_is_not_an_object_is_an_error() {
     let mut obj = deployment(json!({}));
     obj["spec"]["template"]["metadata"] = json!("oops");
-    let err = patch::build(&obj, WorkloadKind::Deployment, Some(STAMP), false).unwrap_err();
+    let err = patch::build(&obj, WorkloadKind::DEPLOYMENT, Some(STAMP), false).unwrap_err();
     assert_eq!(err.path, "spec.template.metadata");
 }

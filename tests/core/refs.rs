@@ -1180,11 +1180,11 @@ fn workload_info(kind: WorkloadKind, obj: &Value) -> WorkloadInfo {
 
 #[test]
 fn every_workload_kind_yields_its_references() {
-    for kind in WorkloadKind::ALL {
+    for kind in WorkloadKind::BUILT_IN {
         let obj = workload_json(kind, json!({"app": "web"}));
         let api_version = obj["apiVersion"].as_str().unwrap();
         assert_eq!(
-            WorkloadKind::from_type(api_version, kind.kind()),
+            confighash::core::workload::Kinds::built_in().from_type(api_version, kind.kind()),
             Some(kind),
             "{api_version} {kind}"
         );
@@ -1205,11 +1205,11 @@ fn every_workload_kind_yields_its_references() {
 #[test]
 fn cron_job_references_come_from_the_job_template_only() {
     // A pod template put where Deployments keep it is not the CronJob's template.
-    let mut obj = workload_json(WorkloadKind::CronJob, json!({}));
+    let mut obj = workload_json(WorkloadKind::CRON_JOB, json!({}));
     obj["spec"]["template"] = json!({
         "spec": {"containers": [{"name": "x", "envFrom": [{"configMapRef": {"name": "decoy"}}]}]}
     });
-    let info = workload_info(WorkloadKind::CronJob, &obj);
+    let info = workload_info(WorkloadKind::CRON_JOB, &obj);
     assert_eq!(rows(&info.refs), expected_workload_refs());
 
     obj["spec"]
@@ -1218,7 +1218,7 @@ fn cron_job_references_come_from_the_job_template_only() {
         .remove("jobTemplate")
         .unwrap();
     assert!(
-        workload::analyze(WorkloadKind::CronJob, &obj).is_err(),
+        workload::analyze(WorkloadKind::CRON_JOB, &obj).is_err(),
         "a CronJob without spec.jobTemplate.spec.template has no pod template"
     );
 }
@@ -1235,20 +1235,20 @@ fn rollout_with_workload_ref_is_passed_through() {
         }
     });
     assert!(matches!(
-        workload::analyze(WorkloadKind::Rollout, &obj),
+        workload::analyze(WorkloadKind::ROLLOUT, &obj),
         Ok(Analysis::WorkloadRef)
     ));
     // A Rollout with its own template is a workload, whatever else it carries.
-    let own = workload_json(WorkloadKind::Rollout, json!({}));
+    let own = workload_json(WorkloadKind::ROLLOUT, json!({}));
     assert!(matches!(
-        workload::analyze(WorkloadKind::Rollout, &own),
+        workload::analyze(WorkloadKind::ROLLOUT, &own),
         Ok(Analysis::Workload(_))
     ));
 }
 
 #[test]
 fn workload_labelled_enabled_false_is_opted_out() {
-    for kind in WorkloadKind::ALL {
+    for kind in WorkloadKind::BUILT_IN {
         let out = workload_json(
             kind,
             json!({"app": "web", "confighash.dev/enabled": "false"}),
@@ -1274,14 +1274,14 @@ fn workload_labelled_enabled_false_is_opted_out() {
 
 #[test]
 fn opt_out_label_on_the_pod_template_is_not_an_opt_out() {
-    let mut obj = workload_json(WorkloadKind::Deployment, json!({}));
+    let mut obj = workload_json(WorkloadKind::DEPLOYMENT, json!({}));
     obj["spec"]["template"]["metadata"]["labels"]["confighash.dev/enabled"] = json!("false");
-    assert!(!workload_info(WorkloadKind::Deployment, &obj).opted_out);
+    assert!(!workload_info(WorkloadKind::DEPLOYMENT, &obj).opted_out);
 }
 
 #[test]
 fn workload_labelled_enabled_true_is_opted_in_and_only_exactly_true() {
-    for kind in WorkloadKind::ALL {
+    for kind in WorkloadKind::BUILT_IN {
         let opted_in = workload_json(
             kind,
             json!({"app": "web", "confighash.dev/enabled": "true"}),
@@ -1309,9 +1309,9 @@ fn workload_labelled_enabled_true_is_opted_in_and_only_exactly_true() {
         }
     }
     // On the pod template the label means nothing.
-    let mut obj = workload_json(WorkloadKind::Deployment, json!({}));
+    let mut obj = workload_json(WorkloadKind::DEPLOYMENT, json!({}));
     obj["spec"]["template"]["metadata"]["labels"]["confighash.dev/enabled"] = json!("true");
-    assert!(!workload_info(WorkloadKind::Deployment, &obj).opted_in);
+    assert!(!workload_info(WorkloadKind::DEPLOYMENT, &obj).opted_in);
 }
 
 /// A review may name one object's keys thousands of times (a 7 MiB body holds about 100,000

@@ -22,7 +22,7 @@ fn a_cron_jobs_stamp_is_read_under_the_job_template() {
            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {
                "metadata": {"annotations": {"confighash.dev/checksum": "a"}},
                "spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}}});
-    let (stamp, marker) = workload::stamp_and_marker(WorkloadKind::CronJob, &c);
+    let (stamp, marker) = workload::stamp_and_marker(WorkloadKind::CRON_JOB, &c);
     assert_eq!((stamp, marker), (Some("a"), false));
 }
 
@@ -33,12 +33,12 @@ fn stamp_and_marker_read_without_a_pod_spec() {
         "x",
     );
     assert_eq!(
-        workload::stamp_and_marker(WorkloadKind::Deployment, &d),
+        workload::stamp_and_marker(WorkloadKind::DEPLOYMENT, &d),
         (Some("s"), true)
     );
     let broken = json!({"spec": {"template": 3}});
     assert_eq!(
-        workload::stamp_and_marker(WorkloadKind::Deployment, &broken),
+        workload::stamp_and_marker(WorkloadKind::DEPLOYMENT, &broken),
         (None, false)
     );
 }

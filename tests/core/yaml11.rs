@@ -78,6 +78,7 @@ fn stamp(doc: &str) -> Result<offline::Output, offline::InputError> {
             namespace: Some("default".into()),
             key: None,
             explain: false,
+            ..Default::default()
         },
     )
 }

@@ -118,7 +118,7 @@ fn patched(body: &Value, reply: &Reply) -> (Value, Vec<u8>) {
 
 /// The stamp of `object` (a Deployment) with `key`, Secret `db` as given and nothing else present.
 fn stamp_for(key: Option<&StampKey>, object: &Value, db: &Secret) -> String {
-    let Analysis::Workload(info) = workload::analyze(WorkloadKind::Deployment, object).unwrap()
+    let Analysis::Workload(info) = workload::analyze(WorkloadKind::DEPLOYMENT, object).unwrap()
     else {
         panic!("not a workload")
     };
@@ -279,7 +279,7 @@ async fn the_same_secret_value_in_two_namespaces_gives_different_stamps() {
     // The same inputs under recipe v1: equal for the right guess (the old oracle).
     let key = StampKey::new(KEY.to_vec()).unwrap();
     let v1 = |object: &Value, db: &Secret| {
-        let Analysis::Workload(info) = workload::analyze(WorkloadKind::Deployment, object).unwrap()
+        let Analysis::Workload(info) = workload::analyze(WorkloadKind::DEPLOYMENT, object).unwrap()
         else {
             panic!("not a workload")
         };
@@ -313,7 +313,7 @@ async fn absent_objects_with_different_key_selections_give_different_stamps() {
     let v1 = |selected: &str| {
         let object = deployment_reading(NS, "missing", selected, json!({}));
         let Analysis::Workload(info) =
-            workload::analyze(WorkloadKind::Deployment, &object).unwrap()
+            workload::analyze(WorkloadKind::DEPLOYMENT, &object).unwrap()
         else {
             panic!("not a workload")
         };
@@ -335,7 +335,7 @@ async fn a_kept_v1_stamp_still_answers_guesses_until_it_is_replaced() {
     let key = StampKey::new(KEY.to_vec()).unwrap();
     // The v1 stamp an earlier release put on the Deployment in `vault`.
     let victim = deployment(NS, json!({}));
-    let Analysis::Workload(info) = workload::analyze(WorkloadKind::Deployment, &victim).unwrap()
+    let Analysis::Workload(info) = workload::analyze(WorkloadKind::DEPLOYMENT, &victim).unwrap()
     else {
         panic!("not a workload")
     };
@@ -579,7 +579,7 @@ async fn references_resolve_in_the_workloads_own_namespace_only() {
             .await
             .unwrap();
         let Analysis::Workload(info) =
-            workload::analyze(WorkloadKind::Deployment, &object).unwrap()
+            workload::analyze(WorkloadKind::DEPLOYMENT, &object).unwrap()
         else {
             panic!("not a workload")
         };

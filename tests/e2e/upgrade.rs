@@ -62,7 +62,7 @@ const WORKLOADS: [Workload; 4] = [
 const PLURALS: [&str; 3] = ["deployments", "statefulsets", "cronjobs"];
 
 fn kind_of(kind: &str) -> WorkloadKind {
-    WorkloadKind::ALL
+    WorkloadKind::BUILT_IN
         .into_iter()
         .find(|k| k.kind() == kind)
         .expect("a workload kind")

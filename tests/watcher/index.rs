@@ -209,13 +209,13 @@ fn using(name: &str, refs: &[&str]) -> Workload {
 }
 
 fn entry(obj: &Value) -> WorkloadEntry {
-    WorkloadEntry::from_object(WorkloadKind::Deployment, obj)
+    WorkloadEntry::from_object(WorkloadKind::DEPLOYMENT, obj)
         .unwrap()
         .expect("a Deployment is stamped")
 }
 
 fn wkey(name: &str) -> WorkloadKey {
-    WorkloadKey::new(WorkloadKind::Deployment, "shop", name)
+    WorkloadKey::new(WorkloadKind::DEPLOYMENT, "shop", name)
 }
 
 #[test]
@@ -242,8 +242,8 @@ fn the_reverse_index_follows_references_as_they_change() {
     assert!(index.remove(&wkey("api")));
     assert!(!index.remove(&wkey("api")));
     assert_eq!(dependents(&index, "shared"), ["web"]);
-    assert_eq!(index.keys_of(WorkloadKind::Deployment), [wkey("web")]);
-    assert!(index.keys_of(WorkloadKind::StatefulSet).is_empty());
+    assert_eq!(index.keys_of(WorkloadKind::DEPLOYMENT), [wkey("web")]);
+    assert!(index.keys_of(WorkloadKind::STATEFUL_SET).is_empty());
 
     index.remove_namespace("shop");
     assert!(index.is_empty());
@@ -263,7 +263,7 @@ fn entries_know_which_workloads_do_not_roll_by_themselves() {
             "template": {"spec": {"containers": [{"name": "db", "image": "db:1"}]}}
         }
     });
-    let e = WorkloadEntry::from_object(WorkloadKind::StatefulSet, &on_delete)
+    let e = WorkloadEntry::from_object(WorkloadKind::STATEFUL_SET, &on_delete)
         .unwrap()
         .unwrap();
     assert!(!e.rolls_by_itself);
@@ -282,7 +282,7 @@ fn a_rollout_with_a_workload_ref_is_not_indexed() {
         "spec": {"workloadRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}}
     });
     assert_eq!(
-        WorkloadEntry::from_object(WorkloadKind::Rollout, &rollout).unwrap(),
+        WorkloadEntry::from_object(WorkloadKind::ROLLOUT, &rollout).unwrap(),
         None
     );
 }

@@ -1468,7 +1468,7 @@ async fn a_deployment_generation_follows_its_annotations_as_admission_left_them(
     // Other kinds follow their spec only.
     let sets: Api<k8s_openapi::api::apps::v1::StatefulSet> =
         Api::namespaced(client.clone(), "plain");
-    let set = build::workload(confighash::core::workload::WorkloadKind::StatefulSet, "db")
+    let set = build::workload(confighash::core::workload::WorkloadKind::STATEFUL_SET, "db")
         .without_namespace()
         .typed();
     sets.create(&PostParams::default(), &set).await.unwrap();

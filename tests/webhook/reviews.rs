@@ -148,7 +148,7 @@ async fn standard_config(h: &Setup) {
 async fn create_and_update_every_kind() {
     let h = harness().await;
     standard_config(&h).await;
-    for kind in WorkloadKind::ALL {
+    for kind in WorkloadKind::BUILT_IN {
         let object = web(kind, json!({"team": "shop"})).json();
         let (created, patch) = h.admit(&Review::create(&object)).await;
         let stamp = stamp_of(&created).unwrap_or_else(|| panic!("{kind} not stamped"));
@@ -184,7 +184,7 @@ async fn create_and_update_every_kind() {
 async fn a_template_without_metadata_gets_its_parents_created() {
     let h = harness().await;
     standard_config(&h).await;
-    let mut object = web(WorkloadKind::Deployment, json!({})).json();
+    let mut object = web(WorkloadKind::DEPLOYMENT, json!({})).json();
     object["spec"]["template"]
         .as_object_mut()
         .unwrap()
@@ -201,7 +201,7 @@ async fn a_template_without_metadata_gets_its_parents_created() {
 async fn config_changes_change_the_stamp_and_unreferenced_keys_do_not() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let object = web(kind, json!({})).json();
     let (first, _) = h.admit(&Review::create(&object)).await;
     let s1 = stamp_of(&first).unwrap();
@@ -231,7 +231,7 @@ async fn config_changes_change_the_stamp_and_unreferenced_keys_do_not() {
 async fn a_dropped_stamp_is_restored() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::StatefulSet;
+    let kind = WorkloadKind::STATEFUL_SET;
     let object = web(kind, json!({})).json();
     let (stamped, _) = h.admit(&Review::create(&object)).await;
     let mut dropped = stamped.clone();
@@ -245,7 +245,7 @@ async fn a_dropped_stamp_is_restored() {
 async fn a_failed_lookup_keeps_the_old_stamp_and_marks_a_create() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let object = web(kind, json!({})).json();
     let (stamped, _) = h.admit(&Review::create(&object)).await;
     let old = stamp_of(&stamped).unwrap();
@@ -281,7 +281,7 @@ async fn a_failed_lookup_keeps_the_old_stamp_and_marks_a_create() {
 async fn a_lookup_past_its_deadline_keeps_the_template() {
     let h = harness_with(Duration::from_millis(200)).await;
     standard_config(&h).await;
-    let kind = WorkloadKind::DaemonSet;
+    let kind = WorkloadKind::DAEMON_SET;
     let object = web(kind, json!({})).json();
     let (stamped, _) = h.admit(&Review::create(&object)).await;
     h.cluster.api.set_delay(Duration::from_millis(600));
@@ -303,7 +303,7 @@ async fn a_lookup_past_its_deadline_keeps_the_template() {
 async fn a_deleted_required_reference_keeps_the_stamp_and_an_optional_one_appearing_changes_it() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let object = web(kind, json!({}))
         .env_from_optional_config_map("extra")
         .json();
@@ -344,7 +344,7 @@ async fn a_deleted_required_reference_keeps_the_stamp_and_an_optional_one_appear
 async fn a_foreign_stamp_is_kept_until_an_update_carries_a_new_stamp() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let foreign = "v1:deadbeef:1111111111111111111111111111111111111111111111111111111111111111";
     let object = web(kind, json!({STAMP: foreign})).json();
     let (kept, patch) = h.admit(&Review::update(&object, &object)).await;
@@ -390,7 +390,7 @@ async fn a_foreign_stamp_is_kept_until_an_update_carries_a_new_stamp() {
 async fn a_workload_never_stamped_is_stamped_only_by_an_update_carrying_a_stamp() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let object = web(kind, json!({})).json();
     let mut changed = object.clone();
     changed["spec"]["template"]["spec"]["containers"][0]["image"] = json!("nginx:2");
@@ -418,7 +418,7 @@ async fn a_workload_never_stamped_is_stamped_only_by_an_update_carrying_a_stamp(
 async fn a_v1_stamp_of_the_current_key_is_kept_while_right_and_replaced_when_stale() {
     let h = harness().await;
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let bare = web(kind, json!({})).json();
     let v1 = h.cluster.expected(Recipe::V1, &bare).await;
     let v2 = h.expected(&bare).await;
@@ -467,7 +467,7 @@ async fn ignored_objects_are_left_out_and_opted_out_workloads_skipped() {
     standard_config(&h).await;
     h.put(config_map("generated", &[("k", "v")]).annotated("confighash.dev/ignore", "true"))
         .await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let with_ignored = web(kind, json!({})).env_from_config_map("generated").json();
     let without = web(kind, json!({})).json();
     let (a, _) = h.admit(&Review::create(&with_ignored)).await;
@@ -498,12 +498,12 @@ async fn other_kinds_and_operations_pass_through() {
         json!({"group": "batch", "version": "v1", "kind": "Job"})
     );
     assert!(h.admit(&r).await.1.is_none(), "Jobs are passed through");
-    let deployment = web(WorkloadKind::Deployment, json!({})).json();
+    let deployment = web(WorkloadKind::DEPLOYMENT, json!({})).json();
     for op in ["DELETE", "CONNECT"] {
         let r = Review::of(op, &deployment, Some(&deployment));
         assert!(h.admit(&r).await.1.is_none(), "{op} is passed through");
     }
-    let rollout = web(WorkloadKind::Rollout, json!({}))
+    let rollout = web(WorkloadKind::ROLLOUT, json!({}))
         .spec(
             "workloadRef",
             json!({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}),
@@ -515,7 +515,7 @@ async fn other_kinds_and_operations_pass_through() {
 #[tokio::test]
 async fn bad_input_gets_a_clear_error() {
     let h = harness().await;
-    let good = Review::create(&web(WorkloadKind::Deployment, json!({})).json()).json();
+    let good = Review::create(&web(WorkloadKind::DEPLOYMENT, json!({})).json()).json();
     let with = |f: &dyn Fn(&mut Value)| {
         let mut v = good.clone();
         f(&mut v);
@@ -753,7 +753,7 @@ async fn readiness_and_metrics_on_the_admin_port() {
     assert_eq!(h.admin_get("/livez").await.0, 200);
     assert_eq!(h.admin_get("/readyz").await.0, 200);
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let object = web(kind, json!({})).json();
     h.admit(&Review::create(&object)).await;
     let text = h.metrics_text().await;
@@ -855,7 +855,7 @@ async fn the_api_server_calls_the_webhook_and_workloads_are_stamped_at_create() 
         .await
         .unwrap();
 
-    let object = web(WorkloadKind::Deployment, json!({})).json();
+    let object = web(WorkloadKind::DEPLOYMENT, json!({})).json();
     let deployment: Deployment = serde_json::from_value(object.clone()).unwrap();
     let deploys: Api<Deployment> = Api::namespaced(h.cluster.client.clone(), "shop");
     let created = deploys
@@ -933,7 +933,7 @@ async fn a_dry_run_allows_every_review_without_a_patch_and_counts_what_it_withhe
     .await;
     let h = Setup { cluster, served };
     standard_config(&h).await;
-    let kind = WorkloadKind::Deployment;
+    let kind = WorkloadKind::DEPLOYMENT;
     let object = web(kind, json!({})).json();
 
     // A CREATE that would be stamped.

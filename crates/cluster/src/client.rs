@@ -28,7 +28,8 @@
 //!   `configmaps` [`ConfigMap`], `secrets` [`Secret`], `namespaces` [`Namespace`], `leases`
 //!   [`Lease`], `events` (core and `events.k8s.io`) the two Event types,
 //!   `mutatingwebhookconfigurations` [`MutatingWebhookConfiguration`], the workload kinds
-//!   ([`WorkloadKind`]) [`DynamicObject`] of that kind; a path without a name is a list
+//!   ([`WorkloadKind`]) [`DynamicObject`] of that kind (any resource of a configured kind's API
+//!   group: a [`DynamicObject`] of one of the group's configured kinds); a path without a name is a list
 //!   (`ObjectList<T>`) for GET and DELETE, one object for POST. A DELETE may answer a `Status`
 //!   instead (kube checks `kind: Status` first, as here): it is passed on sanitized as above.
 //!   Discovery paths (`/api`, `/apis`, `/api/v1`, `/apis/<group>[/<version>]`, `/version`) are
@@ -74,7 +75,7 @@ use kube::core::Status;
 use serde::de::DeserializeOwned;
 use tower::{BoxError, Layer, Service};
 
-use confighash_core::workload::WorkloadKind;
+use confighash_core::kind::{WorkloadKind, every_kind};
 
 /// The largest success body read of a request that is not a watch. The watcher lists 50
 /// objects a page.
@@ -231,8 +232,11 @@ enum Ty {
     Event,
     Lease,
     MutatingWebhookConfiguration,
-    /// A [`DynamicObject`] of this kind.
+    /// A [`DynamicObject`] of this built-in kind.
     Workload(WorkloadKind),
+    /// A [`DynamicObject`] of a kind configured in this API group (`--workload-kind`): its
+    /// resource's plural is the CRD's own, so any resource of the group is read as one of them.
+    ConfiguredWorkload(&'static str),
     ApiResourceList,
     ApiGroupList,
     ApiGroup,
@@ -256,10 +260,18 @@ impl Ty {
             }
             _ => {
                 // kube's plural of a kind: lower case, plus "s".
-                let kind = WorkloadKind::ALL.into_iter().find(|k| {
+                let built_in = WorkloadKind::BUILT_IN.into_iter().find(|k| {
                     k.group() == group && format!("{}s", k.kind().to_ascii_lowercase()) == resource
-                })?;
-                Ty::Workload(kind)
+                });
+                match built_in {
+                    Some(kind) => Ty::Workload(kind),
+                    None => {
+                        let configured = every_kind()
+                            .into_iter()
+                            .find(|k| !k.is_built_in() && k.group() == group)?;
+                        Ty::ConfiguredWorkload(configured.group())
+                    }
+                }
             }
         })
     }
@@ -301,7 +313,7 @@ impl Ty {
             Ty::CoreEvent | Ty::Event => Resource::Events,
             Ty::Lease => Resource::Leases,
             Ty::MutatingWebhookConfiguration => Resource::MutatingWebhookConfigurations,
-            Ty::Workload(_) => Resource::Workloads,
+            Ty::Workload(_) | Ty::ConfiguredWorkload(_) => Resource::Workloads,
             Ty::ApiResourceList
             | Ty::ApiGroupList
             | Ty::ApiGroup
@@ -435,29 +447,36 @@ mod kinds {
         object: Option<Kinded>,
     }
 
-    fn is(k: &Kinded, kind: &str) -> bool {
-        k.kind.as_deref().is_none_or(|k| k == kind)
+    fn is(k: &Kinded, kinds: &[&str]) -> bool {
+        k.kind.as_deref().is_none_or(|k| kinds.contains(&k))
     }
 
-    pub fn object(body: &[u8], kind: &str) -> bool {
-        serde_json::from_slice::<Kinded>(body).is_ok_and(|k| is(&k, kind))
+    pub fn object(body: &[u8], kinds: &[&str]) -> bool {
+        serde_json::from_slice::<Kinded>(body).is_ok_and(|k| is(&k, kinds))
     }
 
-    pub fn list(body: &[u8], kind: &str) -> bool {
+    pub fn list(body: &[u8], kinds: &[&str]) -> bool {
         serde_json::from_slice::<KindedList>(body)
-            .is_ok_and(|l| l.items.iter().flatten().all(|k| is(k, kind)))
+            .is_ok_and(|l| l.items.iter().flatten().all(|k| is(k, kinds)))
     }
 
-    pub fn event(line: &[u8], kind: &str) -> bool {
+    pub fn event(line: &[u8], kinds: &[&str]) -> bool {
         serde_json::from_slice::<KindedEvent>(line)
-            .is_ok_and(|e| e.object.as_ref().is_none_or(|k| is(k, kind)))
+            .is_ok_and(|e| e.object.as_ref().is_none_or(|k| is(k, kinds)))
     }
 }
 
-/// The kind a workload answer's objects must be, if `ty` is a workload.
-fn workload_kind(ty: Ty) -> Option<&'static str> {
+/// The kinds a workload answer's objects may be, if `ty` is a workload.
+fn workload_kinds(ty: Ty) -> Option<Vec<&'static str>> {
     match ty {
-        Ty::Workload(kind) => Some(kind.kind()),
+        Ty::Workload(kind) => Some(vec![kind.kind()]),
+        Ty::ConfiguredWorkload(group) => Some(
+            every_kind()
+                .into_iter()
+                .filter(|k| !k.is_built_in() && k.group() == group)
+                .map(WorkloadKind::kind)
+                .collect(),
+        ),
         _ => None,
     }
 }
@@ -483,14 +502,16 @@ enum LineVerdict {
 }
 
 fn check_as<T: Expected>(ty: Ty, shape: Shape, body: &[u8]) -> Verdict {
-    let kind = workload_kind(ty);
+    let kinds = workload_kinds(ty);
     let object = |body: &[u8]| {
         serde_json::from_slice::<T>(body).is_ok()
-            && kind.is_none_or(|kind| kinds::object(body, kind))
+            && kinds
+                .as_ref()
+                .is_none_or(|kinds| kinds::object(body, kinds))
     };
     let list = |body: &[u8]| {
         serde_json::from_slice::<ObjectList<T>>(body).is_ok()
-            && kind.is_none_or(|kind| kinds::list(body, kind))
+            && kinds.as_ref().is_none_or(|kinds| kinds::list(body, kinds))
     };
     let ok = |fits: bool| {
         if fits {
@@ -535,7 +556,7 @@ fn check(ty: Ty, shape: Shape, body: &[u8]) -> Verdict {
         Ty::MutatingWebhookConfiguration => {
             check_as::<MutatingWebhookConfiguration>(ty, shape, body)
         }
-        Ty::Workload(_) => check_as::<DynamicObject>(ty, shape, body),
+        Ty::Workload(_) | Ty::ConfiguredWorkload(_) => check_as::<DynamicObject>(ty, shape, body),
         Ty::ApiResourceList => check_as::<APIResourceList>(ty, shape, body),
         Ty::ApiGroupList => check_as::<APIGroupList>(ty, shape, body),
         Ty::ApiGroup => check_as::<APIGroup>(ty, shape, body),
@@ -548,7 +569,7 @@ fn check(ty: Ty, shape: Shape, body: &[u8]) -> Verdict {
 fn check_event_as<T: Expected>(ty: Ty, line: &[u8]) -> LineVerdict {
     match serde_json::from_slice::<WatchEvent<T>>(line) {
         Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) => {
-            if workload_kind(ty).is_none_or(|kind| kinds::event(line, kind)) {
+            if workload_kinds(ty).is_none_or(|kinds| kinds::event(line, &kinds)) {
                 LineVerdict::Pass
             } else {
                 LineVerdict::Undecodable
@@ -574,7 +595,7 @@ fn check_event(ty: Ty, line: &[u8]) -> LineVerdict {
         Ty::MutatingWebhookConfiguration => {
             check_event_as::<MutatingWebhookConfiguration>(ty, line)
         }
-        Ty::Workload(_) => check_event_as::<DynamicObject>(ty, line),
+        Ty::Workload(_) | Ty::ConfiguredWorkload(_) => check_event_as::<DynamicObject>(ty, line),
         // Discovery is not watched.
         _ => LineVerdict::Undecodable,
     }

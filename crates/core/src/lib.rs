@@ -8,6 +8,7 @@
 
 pub mod checksum;
 pub mod json;
+pub mod kind;
 pub mod names;
 pub mod patch;
 pub mod record;

@@ -166,7 +166,7 @@ mod tests {
 
     #[test]
     fn a_touch_tests_the_believed_stamp_then_replaces_it() {
-        let Touch::Json(patch) = touch(WorkloadKind::CronJob, "v2:k:new", Some("v2:k:old"), "7")
+        let Touch::Json(patch) = touch(WorkloadKind::CRON_JOB, "v2:k:new", Some("v2:k:old"), "7")
         else {
             panic!("a JSON patch");
         };
@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn a_touch_of_a_workload_without_a_stamp_carries_its_resource_version() {
         assert_eq!(
-            touch(WorkloadKind::Deployment, "v2:k:new", None, "42"),
+            touch(WorkloadKind::DEPLOYMENT, "v2:k:new", None, "42"),
             Touch::Merge(json!({
                 "metadata": {"resourceVersion": "42"},
                 "spec": {"template": {"metadata": {"annotations": {

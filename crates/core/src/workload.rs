@@ -15,72 +15,7 @@ use serde_json::Value;
 
 use crate::refs::{self, References};
 
-/// The workload kinds whose pod templates are stamped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum WorkloadKind {
-    Deployment,
-    StatefulSet,
-    DaemonSet,
-    CronJob,
-    Rollout,
-}
-
-impl WorkloadKind {
-    pub const ALL: [WorkloadKind; 5] = [
-        WorkloadKind::Deployment,
-        WorkloadKind::StatefulSet,
-        WorkloadKind::DaemonSet,
-        WorkloadKind::CronJob,
-        WorkloadKind::Rollout,
-    ];
-
-    /// The kind for an API group and kind (`apps`, `Deployment`); any served version is accepted.
-    pub fn from_group_kind(group: &str, kind: &str) -> Option<Self> {
-        WorkloadKind::ALL
-            .into_iter()
-            .find(|k| k.group() == group && k.kind() == kind)
-    }
-
-    /// The kind for an `apiVersion` and `kind` pair as manifests spell them.
-    pub fn from_type(api_version: &str, kind: &str) -> Option<Self> {
-        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
-        Self::from_group_kind(group, kind)
-    }
-
-    pub fn group(self) -> &'static str {
-        match self {
-            WorkloadKind::Deployment | WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => {
-                "apps"
-            }
-            WorkloadKind::CronJob => "batch",
-            WorkloadKind::Rollout => "argoproj.io",
-        }
-    }
-
-    pub fn kind(self) -> &'static str {
-        match self {
-            WorkloadKind::Deployment => "Deployment",
-            WorkloadKind::StatefulSet => "StatefulSet",
-            WorkloadKind::DaemonSet => "DaemonSet",
-            WorkloadKind::CronJob => "CronJob",
-            WorkloadKind::Rollout => "Rollout",
-        }
-    }
-
-    /// JSON path of the pod template inside the object.
-    pub fn template_path(self) -> &'static [&'static str] {
-        match self {
-            WorkloadKind::CronJob => &["spec", "jobTemplate", "spec", "template"],
-            _ => &["spec", "template"],
-        }
-    }
-}
-
-impl std::fmt::Display for WorkloadKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.kind())
-    }
-}
+pub use crate::kind::{KindError, Kinds, WorkloadKind};
 
 /// Why an object could not be read as a workload.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +27,10 @@ pub enum WorkloadError {
     },
     #[error("{kind} has no pod template at .{path}")]
     NoTemplate { kind: WorkloadKind, path: String },
+    /// A configured kind's object has something at its pointer that is not a pod template (an
+    /// object with `spec.containers` and nothing but `metadata` and `spec`).
+    #[error("{kind} has something other than a pod template at .{path}")]
+    NotPodTemplate { kind: WorkloadKind, path: String },
     /// The pod spec does not decode: where (its field path from the object's root, as
     /// `spec.template.spec.volumes[2].configMap.defaultMode`) and why. The message names the
     /// place only: the reason (`error`) may quote the value, which is the caller's to show.
@@ -233,7 +172,7 @@ pub fn analyze_within(
     obj: &Value,
     max_references: usize,
 ) -> Result<Analysis, WorkloadError> {
-    if kind == WorkloadKind::Rollout && !obj.pointer("/spec/workloadRef").is_none_or(Value::is_null)
+    if kind == WorkloadKind::ROLLOUT && !obj.pointer("/spec/workloadRef").is_none_or(Value::is_null)
     {
         return Ok(Analysis::WorkloadRef);
     }
@@ -244,10 +183,22 @@ pub fn analyze_within(
         .and_then(|l| l.get(ENABLED_LABEL))
         .map(String::as_str);
     let annotations = string_map(metadata, "metadata", "annotations")?;
-    let template = template(kind, obj)?.ok_or_else(|| WorkloadError::NoTemplate {
-        kind,
-        path: kind.template_path().join("."),
-    })?;
+    let template = match template(kind, obj) {
+        Ok(Some(template)) => template,
+        Ok(None) => {
+            return Err(WorkloadError::NoTemplate {
+                kind,
+                path: kind.template_path().join("."),
+            });
+        }
+        Err(WorkloadError::Shape { .. }) if !kind.is_built_in() => {
+            return Err(not_pod_template(kind));
+        }
+        Err(e) => return Err(e),
+    };
+    if !kind.is_built_in() && !is_pod_template(template) {
+        return Err(not_pod_template(kind));
+    }
     let template_meta = object_at(template, &["metadata"])?;
     let template_annotations = string_map(template_meta, "template.metadata", "annotations")?;
     let spec = match template.get("spec") {
@@ -275,6 +226,42 @@ pub fn analyze_within(
                 .is_some_and(|v| v == UNSTAMPED_TOO_MANY_REFERENCES)
         }),
     })))
+}
+
+impl WorkloadError {
+    /// Whether the object has no pod template where its kind keeps one: a configured kind's
+    /// object like that is passed through and counted, not an error of the object's.
+    pub fn is_no_template(&self) -> bool {
+        matches!(
+            self,
+            WorkloadError::NoTemplate { .. } | WorkloadError::NotPodTemplate { .. }
+        )
+    }
+}
+
+fn not_pod_template(kind: WorkloadKind) -> WorkloadError {
+    WorkloadError::NotPodTemplate {
+        kind,
+        path: kind.template_path().join("."),
+    }
+}
+
+/// Whether `template` is a pod template as a configured kind must hold one: an object of
+/// `metadata` and `spec` alone, whose `spec` has a `containers` list (a pod spec always has one).
+/// A pointer that is wrong for the kind (`/spec` where `/spec/template` was meant) then stamps
+/// nothing, rather than writing annotations where no pod reads them.
+fn is_pod_template(template: &Value) -> bool {
+    let Value::Object(fields) = template else {
+        return false;
+    };
+    fields.keys().all(|k| k == "metadata" || k == "spec")
+        && fields
+            .get("metadata")
+            .is_none_or(|m| m.is_object() || m.is_null())
+        && fields
+            .get("spec")
+            .and_then(|spec| spec.get("containers"))
+            .is_some_and(Value::is_array)
 }
 
 /// The stamp on a workload's pod template and whether it carries the unstamped marker, read

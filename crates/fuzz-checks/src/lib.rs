@@ -15,7 +15,7 @@ use confighash::certs::key::KeyStore;
 use confighash::core::checksum::{self, ObjectDigest, Recipe, RefState, StampKey, Tag};
 use confighash::core::names::{CHECKSUM_ANNOTATION, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED};
 use confighash::core::refs::{self, ObjectKind, ObjectRef, References, Selection};
-use confighash::core::workload::{self, Analysis, WorkloadKind};
+use confighash::core::workload::{self, Analysis, Kinds, WorkloadKind};
 use confighash::metrics::Metrics;
 use confighash::offline::{self, InputError, Source};
 use confighash::webhook::admission::{BadRequest, Webhook};
@@ -202,7 +202,7 @@ fn check_review(rt: &Runtime, webhook: &Webhook, body: &[u8], review: &Value) {
         operation == "CREATE" || operation == "UPDATE",
         "a {operation:?} review was patched"
     );
-    let kind = WorkloadKind::from_group_kind(
+    let kind = WorkloadKind::built_in(
         request["kind"]["group"].as_str().unwrap_or_default(),
         request["kind"]["kind"].as_str().unwrap_or_default(),
     )
@@ -605,6 +605,7 @@ fn stamp_options(explain: bool) -> offline::Options {
         namespace: Some("default".to_owned()),
         key: None,
         explain,
+        ..Default::default()
     }
 }
 
@@ -718,7 +719,7 @@ fn objects_mut(doc: &mut Value) -> Vec<&mut Value> {
 }
 
 fn workload_kind(obj: &Value) -> Option<WorkloadKind> {
-    WorkloadKind::from_type(
+    Kinds::built_in().from_type(
         obj.get("apiVersion").and_then(Value::as_str)?,
         obj.get("kind").and_then(Value::as_str)?,
     )

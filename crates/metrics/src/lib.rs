@@ -12,9 +12,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use confighash_core::kind::{Kinds, WorkloadKind, every_kind};
 use confighash_core::refs::ObjectKind;
 use confighash_core::rules::Outcome;
-use confighash_core::workload::WorkloadKind;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -52,12 +52,12 @@ struct BuildLabels {
 }
 
 /// The kinds the watcher lists and watches per namespace: ConfigMaps, Secrets and every workload
-/// kind.
-fn watched_kinds() -> impl Iterator<Item = &'static str> {
+/// kind of `kinds`.
+fn watched_kinds(kinds: &Kinds) -> impl Iterator<Item = &'static str> + '_ {
     [ObjectKind::ConfigMap, ObjectKind::Secret]
         .into_iter()
         .map(ObjectKind::as_str)
-        .chain(WorkloadKind::ALL.into_iter().map(WorkloadKind::kind))
+        .chain(kinds.iter().map(WorkloadKind::kind))
 }
 
 /// Review outcomes of requests that never reached a workload decision (`kind` and `operation`
@@ -67,6 +67,9 @@ pub const REQUEST_FAILURE_OUTCOMES: [&str; 3] = ["bad-request", "busy", "timeout
 pub const LOOKUP_OUTCOMES: [&str; 4] = ["found", "absent", "error", "deadline"];
 /// The review outcome counted when a workload references more than `--max-references` objects.
 pub const TOO_MANY_REFERENCES_OUTCOME: &str = "too-many-references";
+/// The review outcome counted when an object of a configured kind (`--workload-kind`) has no pod
+/// template at its kind's pointer: it is allowed unchanged.
+pub const NO_POD_TEMPLATE_OUTCOME: &str = "no-pod-template";
 /// Outcomes of workload touches. `stale`: the workload no longer carried what the touch
 /// expected to replace (the PATCH's `test` or resourceVersion precondition failed), so nothing
 /// was written and it was decided again.
@@ -85,16 +88,19 @@ pub const TOUCH_OUTCOMES: [&str; 6] = [
 pub const ROLLOUT_OUTCOMES: [&str; 5] = ["complete", "stalled", "gone", "superseded", "abandoned"];
 
 /// Every (kind, operation, outcome) a review can be counted with: the rules' outcomes and the
-/// too-many-references outcome for each workload kind and operation, skipped reviews of other
-/// kinds and operations, and the failures before any decision.
-fn request_label_sets() -> Vec<RequestLabels> {
+/// too-many-references outcome for each workload kind of `kinds` and operation (and
+/// no-pod-template for configured kinds), skipped reviews of other kinds and operations, and the
+/// failures before any decision.
+fn request_label_sets(kinds: impl IntoIterator<Item = WorkloadKind>) -> Vec<RequestLabels> {
+    let kinds: Vec<WorkloadKind> = kinds.into_iter().collect();
     let mut sets = Vec::new();
     for operation in ["CREATE", "UPDATE"] {
-        for kind in WorkloadKind::ALL {
+        for &kind in &kinds {
             let outcomes = Outcome::ALL
                 .iter()
                 .map(|o| o.as_str())
-                .chain([TOO_MANY_REFERENCES_OUTCOME]);
+                .chain([TOO_MANY_REFERENCES_OUTCOME])
+                .chain((!kind.is_built_in()).then_some(NO_POD_TEMPLATE_OUTCOME));
             for outcome in outcomes {
                 sets.push(RequestLabels {
                     kind: kind.kind(),
@@ -126,10 +132,14 @@ fn request_label_sets() -> Vec<RequestLabels> {
 
 /// Every (kind, operation, outcome) a review `--dry-run` allowed without its patch can be
 /// counted with: those of the workload decisions.
-fn dry_run_label_sets() -> Vec<RequestLabels> {
-    request_label_sets()
+fn dry_run_label_sets(kinds: impl IntoIterator<Item = WorkloadKind>) -> Vec<RequestLabels> {
+    request_label_sets(kinds)
         .into_iter()
-        .filter(|l| !l.kind.is_empty() && l.outcome != Outcome::Skipped.as_str())
+        .filter(|l| {
+            !l.kind.is_empty()
+                && l.outcome != Outcome::Skipped.as_str()
+                && l.outcome != NO_POD_TEMPLATE_OUTCOME
+        })
         .collect()
 }
 
@@ -241,7 +251,7 @@ impl Metrics {
             .set(1);
         // Every series whose labels are known in advance exists from the start, at 0, so
         // `rate()` and `increase()` see its first increment.
-        for labels in request_label_sets() {
+        for labels in request_label_sets(WorkloadKind::BUILT_IN) {
             let _ = metrics.requests.get_or_create(&labels);
         }
         for kind in ObjectKind::ALL {
@@ -258,11 +268,7 @@ impl Metrics {
                 kind: kind.as_str(),
             });
         }
-        for kind in WorkloadKind::ALL {
-            let _ = metrics
-                .watched
-                .get_or_create(&KindLabels { kind: kind.kind() });
-        }
+        metrics.prepare_kinds(&Kinds::built_in());
         for outcome in TOUCH_OUTCOMES {
             let _ = metrics.touches.get_or_create(&OutcomeLabels { outcome });
         }
@@ -276,7 +282,7 @@ impl Metrics {
     /// Counts one admission review.
     pub fn request(&self, kind: &'static str, operation: &'static str, outcome: &'static str) {
         debug_assert!(
-            request_label_sets().contains(&RequestLabels {
+            request_label_sets(every_kind()).contains(&RequestLabels {
                 kind,
                 operation,
                 outcome
@@ -345,9 +351,13 @@ impl Metrics {
 
     /// How many webhook connections ended with a protocol error.
     /// Creates every series of `confighash_watch_forbidden_total` for `--watch-namespaces` at 0.
-    pub fn prepare_watch_namespaces<'a>(&self, namespaces: impl IntoIterator<Item = &'a String>) {
+    pub fn prepare_watch_namespaces<'a>(
+        &self,
+        namespaces: impl IntoIterator<Item = &'a String>,
+        kinds: &Kinds,
+    ) {
         for namespace in namespaces {
-            for kind in watched_kinds() {
+            for kind in watched_kinds(kinds) {
                 let _ = self.watch_forbidden.get_or_create(&NamespaceKindLabels {
                     kind,
                     namespace: namespace.clone(),
@@ -466,8 +476,25 @@ impl Metrics {
     /// Creates every series of `confighash_webhook_dry_run_total` at 0. [`Metrics::new`] does,
     /// in every mode, so that dashboards and alerts see 0 rather than no data.
     pub fn prepare_dry_run(&self) {
-        for labels in dry_run_label_sets() {
+        for labels in dry_run_label_sets(WorkloadKind::BUILT_IN) {
             let _ = self.dry_run.get_or_create(&labels);
+        }
+    }
+
+    /// Creates the series of the workload kinds of `kinds` at 0 (reviews, dry-run reviews,
+    /// watched objects). [`Metrics::new`] does for the built-in kinds; `serve` does for its
+    /// configured kinds (`--workload-kind`).
+    pub fn prepare_kinds(&self, kinds: &Kinds) {
+        for labels in request_label_sets(kinds.iter()) {
+            let _ = self.requests.get_or_create(&labels);
+        }
+        for labels in dry_run_label_sets(kinds.iter()) {
+            let _ = self.dry_run.get_or_create(&labels);
+        }
+        for kind in kinds.iter() {
+            let _ = self
+                .watched
+                .get_or_create(&KindLabels { kind: kind.kind() });
         }
     }
 
@@ -480,7 +507,7 @@ impl Metrics {
             outcome,
         };
         debug_assert!(
-            dry_run_label_sets().contains(&labels),
+            dry_run_label_sets(every_kind()).contains(&labels),
             "{kind} {operation} {outcome} is not exported by prepare_dry_run"
         );
         self.dry_run.get_or_create(&labels).inc();

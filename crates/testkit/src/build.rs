@@ -189,28 +189,28 @@ pub struct Workload {
 
 /// A Deployment `name` in [`NS`] with one container that references nothing yet.
 pub fn deployment(name: &str) -> Workload {
-    workload(WorkloadKind::Deployment, name)
+    workload(WorkloadKind::DEPLOYMENT, name)
 }
 
 /// A workload of `kind` named `name` in [`NS`], with one container (`app`, `example/app:1`)
 /// that references nothing yet; the pod template is labelled `app: <name>`.
 pub fn workload(kind: WorkloadKind, name: &str) -> Workload {
     let mut pod = json!({"containers": [{"name": "app", "image": "example/app:1"}]});
-    if kind == WorkloadKind::CronJob {
+    if kind == WorkloadKind::CRON_JOB {
         pod["restartPolicy"] = json!("OnFailure");
     }
     let template = json!({"metadata": {"labels": {"app": name}}, "spec": pod});
     let selector = json!({"matchLabels": {"app": name}});
     let (api_version, spec) = match kind {
-        WorkloadKind::CronJob => (
+        WorkloadKind::CRON_JOB => (
             "batch/v1",
             json!({"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template}}}),
         ),
-        WorkloadKind::Rollout => (
+        WorkloadKind::ROLLOUT => (
             "argoproj.io/v1alpha1",
             json!({"selector": selector, "template": template, "strategy": {"canary": {}}}),
         ),
-        WorkloadKind::StatefulSet => (
+        WorkloadKind::STATEFUL_SET => (
             "apps/v1",
             json!({"serviceName": name, "selector": selector, "template": template}),
         ),
@@ -499,11 +499,12 @@ pub fn patched(object: &Value, reply: &Value) -> Value {
 
 /// The workload kind of `object`, from its `apiVersion` and `kind`.
 pub fn kind_of(object: &Value) -> WorkloadKind {
-    WorkloadKind::from_type(
-        object["apiVersion"].as_str().unwrap_or_default(),
-        object["kind"].as_str().unwrap_or_default(),
-    )
-    .unwrap_or_else(|| panic!("not a workload: {object}"))
+    confighash::core::workload::Kinds::built_in()
+        .from_type(
+            object["apiVersion"].as_str().unwrap_or_default(),
+            object["kind"].as_str().unwrap_or_default(),
+        )
+        .unwrap_or_else(|| panic!("not a workload: {object}"))
 }
 
 /// The stamp on the pod template of a workload.

@@ -667,8 +667,8 @@ pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
     // Exactly the kinds the code stamps: (group, version, plural), CREATE and UPDATE, the main
     // resource only, namespaced.
     let mut expected = BTreeSet::new();
-    for kind in WorkloadKind::ALL {
-        let version = if kind == WorkloadKind::Rollout {
+    for kind in WorkloadKind::BUILT_IN {
+        let version = if kind == WorkloadKind::ROLLOUT {
             "v1alpha1"
         } else {
             "v1"
@@ -1176,20 +1176,18 @@ pub fn self_signed_requests(install: &Install) -> Vec<Req> {
     ]
 }
 
-/// (group, plural) of the workload kinds the code handles.
+/// (group, plural) of the workload kinds the code handles without configuration.
 fn workload_resources() -> Vec<(&'static str, &'static str)> {
-    WorkloadKind::ALL
+    WorkloadKind::BUILT_IN
         .into_iter()
-        .map(|kind| {
-            let plural = match kind {
-                WorkloadKind::Deployment => "deployments",
-                WorkloadKind::StatefulSet => "statefulsets",
-                WorkloadKind::DaemonSet => "daemonsets",
-                WorkloadKind::CronJob => "cronjobs",
-                WorkloadKind::Rollout => "rollouts",
-            };
-            (kind.group(), plural)
-        })
+        .zip([
+            "deployments",
+            "statefulsets",
+            "daemonsets",
+            "cronjobs",
+            "rollouts",
+        ])
+        .map(|(kind, plural)| (kind.group(), plural))
         .collect()
 }
 
@@ -1412,7 +1410,9 @@ pub async fn run_code_under_rbac(
     serve: &ServeArgs,
 ) {
     let own = install.namespace.as_str();
-    let app_config = serve.to_config();
+    let app_config = serve
+        .to_config()
+        .expect("the chart's --workload-kind flags are valid");
     let app::KeySource::Secret(key_secret) = &app_config.key else {
         panic!(
             "the installation reads the key from a Secret: {:?}",

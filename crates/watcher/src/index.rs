@@ -305,7 +305,7 @@ pub struct WorkloadKindKey(u8);
 
 impl From<WorkloadKind> for WorkloadKindKey {
     fn from(kind: WorkloadKind) -> Self {
-        let i = WorkloadKind::ALL
+        let i = WorkloadKind::BUILT_IN
             .iter()
             .position(|k| *k == kind)
             .unwrap_or(0);
@@ -315,7 +315,7 @@ impl From<WorkloadKind> for WorkloadKindKey {
 
 impl WorkloadKindKey {
     pub fn kind(self) -> WorkloadKind {
-        WorkloadKind::ALL[usize::from(self.0).min(WorkloadKind::ALL.len() - 1)]
+        WorkloadKind::BUILT_IN[usize::from(self.0).min(WorkloadKind::BUILT_IN.len() - 1)]
     }
 }
 
@@ -693,7 +693,7 @@ mod tests {
 
     fn using(names: &[&str]) -> WorkloadEntry {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        WorkloadEntry::from_object(WorkloadKind::Deployment, &deployment(&names))
+        WorkloadEntry::from_object(WorkloadKind::DEPLOYMENT, &deployment(&names))
             .unwrap()
             .unwrap()
     }
@@ -705,7 +705,7 @@ mod tests {
                 collide,
                 ..WorkloadIndex::default()
             };
-            let key = |name: &str| WorkloadKey::new(WorkloadKind::Deployment, "shop", name);
+            let key = |name: &str| WorkloadKey::new(WorkloadKind::DEPLOYMENT, "shop", name);
             let object = |name: &str| {
                 (
                     "shop".to_owned(),
@@ -740,7 +740,7 @@ mod tests {
     fn a_workload_over_the_limit_is_frozen_without_reading_past_it() {
         let many: Vec<String> = (0..10_000).rev().map(|i| format!("cm-{i:05}")).collect();
         let entry =
-            WorkloadEntry::from_object_within(WorkloadKind::Deployment, &deployment(&many), 256)
+            WorkloadEntry::from_object_within(WorkloadKind::DEPLOYMENT, &deployment(&many), 256)
                 .unwrap()
                 .unwrap();
         assert!(entry.too_many_references);
@@ -749,7 +749,7 @@ mod tests {
         let mut labelled = deployment(&many);
         labelled["metadata"]["labels"] =
             serde_json::json!({confighash_core::names::ENABLED_LABEL: "true"});
-        let entry = WorkloadEntry::from_object_within(WorkloadKind::Deployment, &labelled, 256)
+        let entry = WorkloadEntry::from_object_within(WorkloadKind::DEPLOYMENT, &labelled, 256)
             .unwrap()
             .unwrap();
         assert!(
@@ -759,7 +759,7 @@ mod tests {
 
         let at_limit: Vec<String> = (0..256).map(|i| format!("cm-{i:03}")).collect();
         let entry = WorkloadEntry::from_object_within(
-            WorkloadKind::Deployment,
+            WorkloadKind::DEPLOYMENT,
             &deployment(&at_limit),
             256,
         )

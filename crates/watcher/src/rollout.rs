@@ -27,7 +27,8 @@ pub enum Progress {
 pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
 
 /// Where the rollout of `obj`, a workload of `kind`, stands; `None` for kinds that do not roll
-/// pods (CronJobs).
+/// pods (CronJobs) and for configured kinds, whose status confighash cannot read (each CRD says
+/// "done" its own way): they count as done when stamped.
 pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
     let status = obj.get("status").unwrap_or(&Value::Null);
     let generation = int(obj.pointer("/metadata/generation"));
@@ -44,9 +45,9 @@ pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
         }
     };
     Some(match kind {
-        WorkloadKind::CronJob => return None,
+        WorkloadKind::CRON_JOB => return None,
         // kubectl's DeploymentStatusViewer.
-        WorkloadKind::Deployment => {
+        WorkloadKind::DEPLOYMENT => {
             if generation > count("observedGeneration") {
                 Progress::Rolling
             } else if condition(status, "Progressing")
@@ -63,7 +64,7 @@ pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
             }
         }
         // kubectl's StatefulSetStatusViewer (RollingUpdate only: OnDelete is not followed).
-        WorkloadKind::StatefulSet => {
+        WorkloadKind::STATEFUL_SET => {
             let observed = count("observedGeneration");
             if observed == 0 || generation > observed || count("readyReplicas") < spec_replicas {
                 Progress::Rolling
@@ -85,7 +86,7 @@ pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
             }
         }
         // kubectl's DaemonSetStatusViewer.
-        WorkloadKind::DaemonSet => {
+        WorkloadKind::DAEMON_SET => {
             let desired = count("desiredNumberScheduled");
             rolling_unless(
                 generation <= count("observedGeneration")
@@ -94,7 +95,7 @@ pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
             )
         }
         // Argo Rollouts: `status.phase` for the generation it has observed (a string there).
-        WorkloadKind::Rollout => {
+        WorkloadKind::ROLLOUT => {
             if generation > count("observedGeneration") {
                 Progress::Rolling
             } else {
@@ -119,6 +120,8 @@ pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
                 }
             }
         }
+        // Configured kinds.
+        _ => return None,
     })
 }
 
@@ -160,7 +163,7 @@ mod tests {
 
     #[test]
     fn a_deployment_is_complete_once_every_replica_is_updated_and_available() {
-        let at = |status: Value| progress(WorkloadKind::Deployment, &deployment(status));
+        let at = |status: Value| progress(WorkloadKind::DEPLOYMENT, &deployment(status));
         assert_eq!(at(json!(null)), Some(Progress::Rolling), "no status yet");
         let done = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3,
                           "availableReplicas": 3});
@@ -193,7 +196,7 @@ mod tests {
                    "availableReplicas": 1}),
         );
         assert_eq!(
-            progress(WorkloadKind::Deployment, &single),
+            progress(WorkloadKind::DEPLOYMENT, &single),
             Some(Progress::Complete)
         );
     }
@@ -206,14 +209,14 @@ mod tests {
             {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"},
         ]});
         assert_eq!(
-            progress(WorkloadKind::Deployment, &deployment(status.clone())),
+            progress(WorkloadKind::DEPLOYMENT, &deployment(status.clone())),
             Some(Progress::Stalled)
         );
         // Of an older generation: the new spec is not judged yet.
         let mut old = status;
         old["observedGeneration"] = json!(1);
         assert_eq!(
-            progress(WorkloadKind::Deployment, &deployment(old)),
+            progress(WorkloadKind::DEPLOYMENT, &deployment(old)),
             Some(Progress::Rolling)
         );
     }
@@ -222,7 +225,7 @@ mod tests {
     fn a_stateful_set_is_complete_once_its_revisions_agree_and_replicas_are_ready() {
         let sts = |status: Value| {
             progress(
-                WorkloadKind::StatefulSet,
+                WorkloadKind::STATEFUL_SET,
                 &object(json!({"replicas": 2}), 3, status),
             )
         };
@@ -247,14 +250,14 @@ mod tests {
                    "updatedReplicas": 2, "currentRevision": "web-1", "updateRevision": "web-2"}),
         );
         assert_eq!(
-            progress(WorkloadKind::StatefulSet, &partitioned),
+            progress(WorkloadKind::STATEFUL_SET, &partitioned),
             Some(Progress::Complete)
         );
     }
 
     #[test]
     fn a_daemon_set_is_complete_once_every_node_runs_an_available_updated_pod() {
-        let ds = |status: Value| progress(WorkloadKind::DaemonSet, &object(json!({}), 5, status));
+        let ds = |status: Value| progress(WorkloadKind::DAEMON_SET, &object(json!({}), 5, status));
         let done = json!({"observedGeneration": 5, "desiredNumberScheduled": 3,
                           "updatedNumberScheduled": 3, "numberAvailable": 3});
         assert_eq!(ds(done.clone()), Some(Progress::Complete));
@@ -273,7 +276,7 @@ mod tests {
     fn an_argo_rollout_is_judged_by_its_phase_for_the_observed_generation() {
         let rollout = |status: Value| {
             progress(
-                WorkloadKind::Rollout,
+                WorkloadKind::ROLLOUT,
                 &object(json!({"replicas": 2}), 7, status),
             )
         };
@@ -308,7 +311,7 @@ mod tests {
     #[test]
     fn a_cron_job_has_no_rollout() {
         assert_eq!(
-            progress(WorkloadKind::CronJob, &object(json!({}), 1, json!({}))),
+            progress(WorkloadKind::CRON_JOB, &object(json!({}), 1, json!({}))),
             None
         );
     }

@@ -4,13 +4,15 @@
 //! Everything decided is decided in [`State`]; nothing here keeps state of its own but the
 //! tracing span of each touch in flight.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
-use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
@@ -65,9 +67,11 @@ pub async fn run_with_secret_page_size(
     secret_page_size: u32,
 ) {
     let pages = Pages::new(config.page_size, secret_page_size);
+    metrics.prepare_kinds(&config.kinds);
     if let Some(list) = &config.watch_namespaces {
-        metrics.prepare_watch_namespaces(list);
+        metrics.prepare_watch_namespaces(list, &config.kinds);
     }
+    let served = Served::default();
     let state = State::new(
         config.clone(),
         keys.current(),
@@ -99,6 +103,7 @@ pub async fn run_with_secret_page_size(
         tx.clone(),
         config.clone(),
         metrics.clone(),
+        served.clone(),
     )));
     let recorder = Recorder::new(
         client.clone(),
@@ -117,6 +122,7 @@ pub async fn run_with_secret_page_size(
         recorder,
         spans: HashMap::new(),
         state,
+        served,
     };
     shell.run(rx).await;
     for t in tasks.drain(..) {
@@ -136,6 +142,31 @@ struct Shell {
     /// The span of each touch in flight: its result is handled inside it.
     spans: HashMap<WorkloadKey, Span>,
     state: State,
+    served: Served,
+}
+
+/// The API resource of each workload kind the cluster serves, as discovery said (a CRD's plural
+/// is its own, not always the kind's name with an `s`). Filled as kinds are found.
+#[derive(Debug, Clone, Default)]
+struct Served(Arc<std::sync::RwLock<HashMap<WorkloadKind, ApiResource>>>);
+
+impl Served {
+    fn insert(&self, kind: WorkloadKind, resource: ApiResource) {
+        self.0
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(kind, resource);
+    }
+
+    /// The kind's resource as discovered; before that, as its name says.
+    fn resource(&self, kind: WorkloadKind) -> ApiResource {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&kind)
+            .cloned()
+            .unwrap_or_else(|| api_resource(kind))
+    }
 }
 
 impl Shell {
@@ -245,8 +276,9 @@ impl Shell {
         let client = self.client.clone();
         let key = workload.clone();
         let max_references = self.config.max_references;
+        let resource = self.served.resource(workload.kind.kind());
         let task = tokio::spawn(
-            async move { patch(&client, &key, &stamp, &believed, max_references).await }
+            async move { patch(&client, &resource, &key, &stamp, &believed, max_references).await }
                 .instrument(span),
         );
         let tx = self.tx.clone();
@@ -553,19 +585,20 @@ async fn watch_workload_kinds(
     tx: mpsc::Sender<Input>,
     config: WatcherConfig,
     metrics: Arc<Metrics>,
+    served: Served,
 ) {
-    let mut watching: BTreeMap<&'static str, Vec<tokio::task::JoinHandle<()>>> = BTreeMap::new();
-    let mut reported_absent: HashSet<&'static str> = HashSet::new();
+    let mut watching: HashMap<WorkloadKind, Vec<tokio::task::JoinHandle<()>>> = HashMap::new();
+    let mut reported_absent: HashSet<WorkloadKind> = HashSet::new();
     loop {
-        for kind in WorkloadKind::ALL {
-            if watching.contains_key(kind.kind()) {
+        for kind in config.kinds.iter() {
+            if watching.contains_key(&kind) {
                 continue;
             }
-            let resource = api_resource(kind);
-            let gvk = GroupVersionKind::gvk(&resource.group, &resource.version, &resource.kind);
+            let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), kind.kind());
             match kube::discovery::oneshot::pinned_kind(&client, &gvk).await {
-                Ok(_) => {
-                    tracing::info!(kind = kind.kind(), "watching");
+                Ok((resource, _)) => {
+                    tracing::info!(kind = kind.kind(), plural = resource.plural, "watching");
+                    served.insert(kind, resource.clone());
                     let tasks = scopes(&config)
                         .into_iter()
                         .map(|scope| {
@@ -579,6 +612,7 @@ async fn watch_workload_kinds(
                                 client.clone(),
                                 tx.clone(),
                                 kind,
+                                resource.clone(),
                                 scope,
                                 errors,
                                 config.page_size,
@@ -586,11 +620,11 @@ async fn watch_workload_kinds(
                             ))
                         })
                         .collect();
-                    watching.insert(kind.kind(), tasks);
+                    watching.insert(kind, tasks);
                 }
                 Err(e) => {
-                    if reported_absent.insert(kind.kind()) {
-                        tracing::info!(kind = kind.kind(), error = %redact::kube_error(&e), "not served by this cluster; looking again later");
+                    if reported_absent.insert(kind) {
+                        tracing::info!(kind = kind.kind(), api_version = kind.api_version(), error = %redact::kube_error(&e), "not served by this cluster; looking again later");
                         if tx.send(Input::NotServed(kind)).await.is_err() {
                             return;
                         }
@@ -606,12 +640,12 @@ async fn watch_workloads(
     client: kube::Client,
     tx: mpsc::Sender<Input>,
     kind: WorkloadKind,
+    resource: ApiResource,
     scope: Option<String>,
     mut errors: WatchErrors,
     page_size: u32,
     max_references: usize,
 ) {
-    let resource = api_resource(kind);
     let api: Api<DynamicObject> = match scope.as_deref() {
         None => Api::all_with(client, &resource),
         Some(namespace) => Api::namespaced_with(client, namespace, &resource),
@@ -794,14 +828,14 @@ fn touch_patch(kind: WorkloadKind, expected: &str, believed: &Believed) -> Patch
 /// is what the index keeps; if it still does, the refusal had another cause and is an error.
 async fn patch(
     client: &kube::Client,
+    resource: &ApiResource,
     key: &WorkloadKey,
     expected: &str,
     believed: &Believed,
     max_references: usize,
 ) -> (TouchResult, Option<WorkloadEntry>) {
     let kind = key.kind.kind();
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), &key.namespace, &api_resource(kind));
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &key.namespace, resource);
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..Default::default()
@@ -867,7 +901,7 @@ async fn patch(
 fn workload_reference(key: &WorkloadKey, uid: &str) -> ObjectReference {
     let kind = key.kind.kind();
     ObjectReference {
-        api_version: Some(api_resource(kind).api_version),
+        api_version: Some(kind.api_version()),
         kind: Some(kind.kind().to_owned()),
         name: Some(key.name.clone()),
         namespace: Some(key.namespace.clone()),

@@ -26,7 +26,7 @@ use confighash_cluster::watch::Watched;
 use confighash_core::checksum::StampKey;
 use confighash_core::refs::ObjectKind;
 use confighash_core::rules::{self, Current, Trigger};
-use confighash_core::workload::WorkloadKind;
+use confighash_core::workload::{Kinds, WorkloadKind};
 use confighash_metrics::Metrics;
 
 mod decide;
@@ -105,6 +105,8 @@ pub struct WatcherConfig {
     /// `--watch-namespaces`: the only namespaces read, stamped or touched, each watched on its
     /// own ([`Input::WorkloadIn`], [`ConfigSource::WatchIn`]); `None`: the whole cluster.
     pub watch_namespaces: Option<BTreeSet<String>>,
+    /// The kinds watched and touched: the built-in kinds and `--workload-kind`.
+    pub kinds: Kinds,
 }
 
 impl Default for WatcherConfig {
@@ -127,6 +129,7 @@ impl Default for WatcherConfig {
             flap_threshold: DEFAULT_FLAP_THRESHOLD,
             flap_period: DEFAULT_FLAP_PERIOD,
             watch_namespaces: None,
+            kinds: Kinds::built_in(),
         }
     }
 }
@@ -314,8 +317,8 @@ impl WatchOf {
     }
 }
 
-/// Per kind of object: the Namespaces, ConfigMaps and Secrets, and each workload kind.
-const STREAMS: usize = 3 + WorkloadKind::ALL.len();
+/// The streams of kinds other than workloads: the Namespaces, ConfigMaps and Secrets.
+const OTHER_STREAMS: usize = 3;
 
 impl Stream {
     fn from_kind(kind: ObjectKind) -> Self {
@@ -535,9 +538,10 @@ impl State {
     /// How many streams must list: every kind once, or every kind but the Namespaces once per
     /// namespace watched (`--watch-namespaces`).
     fn streams(&self) -> usize {
+        let streams = OTHER_STREAMS + self.config.kinds.len();
         match &self.config.watch_namespaces {
-            None => STREAMS,
-            Some(list) => 1 + (STREAMS - 1) * list.len(),
+            None => streams,
+            Some(list) => 1 + (streams - 1) * list.len(),
         }
     }
 
@@ -715,14 +719,14 @@ fn would_roll(
     }
 }
 
-/// The API resource of a workload kind.
+/// The API resource of a workload kind, its plural as kube makes one from the kind's name
+/// (discovery's, where known, is the watcher's to prefer).
 pub fn api_resource(kind: WorkloadKind) -> ApiResource {
-    let version = if kind == WorkloadKind::Rollout {
-        "v1alpha1"
-    } else {
-        "v1"
-    };
-    ApiResource::from_gvk(&GroupVersionKind::gvk(kind.group(), version, kind.kind()))
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        kind.group(),
+        kind.version(),
+        kind.kind(),
+    ))
 }
 
 /// "ConfigMap a changed", "ConfigMap a, Secret b changed"; the first few of many, so an Event's

@@ -5,8 +5,8 @@
 //! allowed: confighash mutates, it never blocks a deploy.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -32,7 +32,7 @@ use confighash_core::names::{
 use confighash_core::patch;
 use confighash_core::refs;
 use confighash_core::rules::{self, Current, Lookup, Outcome, Trigger};
-use confighash_core::workload::{self, Analysis, WorkloadKind};
+use confighash_core::workload::{self, Analysis, Kinds, WorkloadKind};
 use confighash_metrics::Metrics;
 use confighash_serving::held;
 
@@ -134,6 +134,42 @@ pub struct Webhook {
     watched: Option<BTreeSet<String>>,
     /// `--dry-run`: decide and count as usual, answer without the patch.
     dry_run: bool,
+    /// The kinds stamped: the built-in kinds and `--workload-kind`.
+    kinds: Kinds,
+    /// Objects of a configured kind without a pod template at its pointer: when one was last
+    /// logged, and how many were not logged since.
+    no_template: NoTemplateLog,
+}
+
+/// How often an object of a configured kind without a pod template is logged.
+const NO_TEMPLATE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Logs objects without a pod template at most once per [`NO_TEMPLATE_LOG_INTERVAL`]: anyone who
+/// may create such objects could otherwise fill the log.
+#[derive(Default)]
+struct NoTemplateLog {
+    logged: Mutex<Option<Instant>>,
+    unlogged: AtomicU64,
+}
+
+impl NoTemplateLog {
+    fn report(&self, kind: WorkloadKind, error: &workload::WorkloadError) {
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.is_some_and(|at| at.elapsed() < NO_TEMPLATE_LOG_INTERVAL) {
+            self.unlogged.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        *logged = Some(Instant::now());
+        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        tracing::warn!(
+            error = %error,
+            pointer = kind.template_pointer(),
+            unlogged,
+            "no pod template at the configured kind's pointer (--workload-kind); allowed \
+             unchanged. Counted as outcome no-pod-template; logged at most once a minute \
+             (unlogged: how many since the last line)"
+        );
+    }
 }
 
 impl Webhook {
@@ -150,7 +186,16 @@ impl Webhook {
             excluded: BTreeSet::from([KUBE_SYSTEM.to_owned()]),
             watched: None,
             dry_run: false,
+            kinds: Kinds::built_in(),
+            no_template: NoTemplateLog::default(),
         }
+    }
+
+    /// The kinds stamped: the built-in kinds and those configured (`--workload-kind`).
+    pub fn with_kinds(mut self, kinds: Kinds) -> Self {
+        self.metrics.prepare_kinds(&kinds);
+        self.kinds = kinds;
+        self
     }
 
     pub fn with_lookup_deadline(mut self, deadline: Duration) -> Self {
@@ -592,8 +637,7 @@ impl Webhook {
             // DELETE and CONNECT are allowed untouched.
             _ => return Ok(Reviewed::skipped("", "other")),
         };
-        let Some(kind) = WorkloadKind::from_group_kind(&request.kind.group, &request.kind.kind)
-        else {
+        let Some(kind) = self.kinds.find(&request.kind.group, &request.kind.kind) else {
             return Ok(Reviewed::skipped("", operation));
         };
         let label = kind.kind();
@@ -653,8 +697,16 @@ impl Webhook {
             tracing::debug!("{why}; allowed unchanged");
             return skipped;
         }
-        let Some(subject) = analyse(request, kind, self.max_references) else {
-            return skipped;
+        let subject = match analyse(request, kind, self.max_references) {
+            Analysed::Subject(subject) => subject,
+            Analysed::Nothing => return skipped,
+            Analysed::NoTemplate(error) => {
+                self.no_template.report(kind, &error);
+                return Reviewed {
+                    outcome: NO_POD_TEMPLATE_OUTCOME,
+                    ..skipped
+                };
+            }
         };
         let key = self.keys.current();
         let lookup = self.look_up(&subject, namespace, &key, budget).await;
@@ -809,19 +861,28 @@ impl Subject<'_> {
     }
 }
 
-/// Step 1: the workload in the review, its references (at most `max_references`) and the trigger;
-/// `None` when there is nothing to stamp (no object, not a workload, unreadable).
-fn analyse(request: &Request, kind: WorkloadKind, max_references: usize) -> Option<Subject<'_>> {
+/// What step 1 found in a review.
+enum Analysed<'r> {
+    Subject(Subject<'r>),
+    /// Nothing to stamp: no object, not a workload, unreadable.
+    Nothing,
+    /// An object of a configured kind with no pod template at its pointer.
+    NoTemplate(workload::WorkloadError),
+}
+
+/// Step 1: the workload in the review, its references (at most `max_references`) and the trigger.
+fn analyse(request: &Request, kind: WorkloadKind, max_references: usize) -> Analysed<'_> {
     let Some(object) = request.object.as_ref().map(|o| &o.0) else {
         tracing::warn!("review without an object; allowed unchanged");
-        return None;
+        return Analysed::Nothing;
     };
     let info = match workload::analyze_within(kind, object, max_references) {
         Ok(Analysis::Workload(info)) => info,
-        Ok(_) => return None,
+        Ok(_) => return Analysed::Nothing,
+        Err(e) if !kind.is_built_in() && e.is_no_template() => return Analysed::NoTemplate(e),
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the workload; allowed unchanged");
-            return None;
+            return Analysed::Nothing;
         }
     };
     let trigger = match (
@@ -837,7 +898,7 @@ fn analyse(request: &Request, kind: WorkloadKind, max_references: usize) -> Opti
         }
         _ => Trigger::Create,
     };
-    Some(Subject {
+    Analysed::Subject(Subject {
         object,
         kind,
         info,
@@ -862,6 +923,6 @@ fn workload_patch(
     }
 }
 
-pub use confighash_metrics::TOO_MANY_REFERENCES_OUTCOME;
+pub use confighash_metrics::{NO_POD_TEMPLATE_OUTCOME, TOO_MANY_REFERENCES_OUTCOME};
 /// The longest `request.uid` answered (Kubernetes sends UUIDs, 36 characters).
 const MAX_UID_LEN: usize = 128;

@@ -9,7 +9,7 @@
 //! workload. `oldObject` is as large as `object` (half the review), and building it whole into a
 //! [`Value`] (a map and a string for every member) was most of what parsing a review cost. Here
 //! it is parsed into a [`Value`] that holds only the members on the way to those annotations
-//! ([`KEPT`]); every other member is skipped as it is read, without being built. What
+//! ([`kept`]); every other member is skipped as it is read, without being built. What
 //! [`workload::stamp_and_marker`](confighash_core::workload::stamp_and_marker) and
 //! [`workload::restarted_at`](confighash_core::workload::restarted_at) read of the result is what they
 //! would read of the whole object:
@@ -55,33 +55,66 @@ const OBJECT: Keep = Keep::AllBut {
     )],
 };
 
-const ANNOTATIONS: Keep = Keep::Members(&[("annotations", Keep::All)]);
-const TEMPLATE: Keep = Keep::Members(&[("metadata", ANNOTATIONS)]);
-
 /// What the rules read of `oldObject`: `metadata.annotations`, and the pod template's annotations
-/// at every place a supported kind has its template (`spec.template`, a CronJob's
-/// `spec.jobTemplate.spec.template`).
-const KEPT: Keep = Keep::Members(&[
-    ("metadata", ANNOTATIONS),
-    (
-        "spec",
-        Keep::Members(&[
-            ("template", TEMPLATE),
-            (
-                "jobTemplate",
-                Keep::Members(&[("spec", Keep::Members(&[("template", TEMPLATE)]))]),
-            ),
-        ]),
-    ),
-]);
+/// at every place a kind has its template (`spec.template`, a CronJob's
+/// `spec.jobTemplate.spec.template`, and each configured kind's pointer).
+fn kept() -> &'static Keep {
+    use std::sync::RwLock;
+    // Built again (once more kept for good) only when a kind is configured: a few times in a
+    // process's life.
+    static KEPT: RwLock<Option<(usize, &'static Keep)>> = RwLock::new(None);
+    let count = confighash_core::kind::configured_count();
+    if let Some((built, keep)) = *KEPT.read().unwrap_or_else(|e| e.into_inner()) {
+        if built == count {
+            return keep;
+        }
+    }
+    let mut cached = KEPT.write().unwrap_or_else(|e| e.into_inner());
+    let kinds = confighash_core::kind::every_kind();
+    let paths: Vec<&'static [&'static str]> = kinds.iter().map(|k| k.template_path()).collect();
+    let keep: &'static Keep = Box::leak(Box::new(kept_for(&paths)));
+    *cached = Some((count, keep));
+    keep
+}
 
-/// `oldObject` with only the members the rules read ([`KEPT`]).
+/// The [`Keep`] of an object's `metadata.annotations` and of the template annotations at each
+/// of `templates` (paths of keys).
+fn kept_for(templates: &[&'static [&'static str]]) -> Keep {
+    #[derive(Default)]
+    struct Node {
+        annotations: bool,
+        children: std::collections::BTreeMap<&'static str, Node>,
+    }
+    fn into_keep(node: Node) -> Keep {
+        let mut members: Vec<(&'static str, Keep)> = node
+            .children
+            .into_iter()
+            .map(|(name, child)| (name, into_keep(child)))
+            .collect();
+        if node.annotations {
+            members.push(("annotations", Keep::All));
+        }
+        Keep::Members(Box::leak(members.into_boxed_slice()))
+    }
+    let mut root = Node::default();
+    root.children.entry("metadata").or_default().annotations = true;
+    for path in templates {
+        let mut here = &mut root;
+        for token in path.iter().chain(&["metadata"]) {
+            here = here.children.entry(token).or_default();
+        }
+        here.annotations = true;
+    }
+    into_keep(root)
+}
+
+/// `oldObject` with only the members the rules read ([`kept`]).
 #[derive(Debug)]
 pub struct OldObject(pub Value);
 
 impl<'de> Deserialize<'de> for OldObject {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Pruned(&KEPT).deserialize(d).map(OldObject)
+        Pruned(kept()).deserialize(d).map(OldObject)
     }
 }
 
@@ -226,13 +259,15 @@ mod tests {
     use super::*;
     use confighash_core::workload::{self, WorkloadKind};
 
-    const KINDS: [WorkloadKind; 5] = [
-        WorkloadKind::Deployment,
-        WorkloadKind::StatefulSet,
-        WorkloadKind::DaemonSet,
-        WorkloadKind::CronJob,
-        WorkloadKind::Rollout,
-    ];
+    /// The built-in kinds and a configured one whose template is elsewhere.
+    fn kinds() -> Vec<WorkloadKind> {
+        let scaled_job =
+            WorkloadKind::parse("keda.sh/v1alpha1/ScaledJob=/spec/jobTargetRef/template").unwrap();
+        WorkloadKind::BUILT_IN
+            .into_iter()
+            .chain([scaled_job])
+            .collect()
+    }
 
     fn pruned(text: &str) -> Value {
         serde_json::from_str::<OldObject>(text).unwrap().0
@@ -240,10 +275,11 @@ mod tests {
 
     /// The rules read the same of the pruned object as of the whole one, for every kind.
     fn reads_the_same(text: &str) {
+        let kinds = kinds();
         let whole: Value = serde_json::from_str(text).unwrap();
         let pruned = pruned(text);
         assert_eq!(whole.is_object(), pruned.is_object(), "{text}");
-        for kind in KINDS {
+        for kind in kinds {
             assert_eq!(
                 workload::stamp_and_marker(kind, &whole),
                 workload::stamp_and_marker(kind, &pruned),
@@ -255,6 +291,38 @@ mod tests {
                 "{kind} {text}"
             );
         }
+    }
+
+    #[test]
+    fn a_configured_kinds_template_annotations_are_kept() {
+        let scaled_job =
+            WorkloadKind::parse("keda.sh/v1alpha1/ScaledJob=/spec/jobTargetRef/template").unwrap();
+        let text = json!({
+            "metadata": {"name": "nightly"},
+            "spec": {
+                "pollingInterval": 30,
+                "jobTargetRef": {
+                    "parallelism": 1,
+                    "template": {
+                        "metadata": {"annotations": {"confighash.dev/checksum": "v2:abc:01"}},
+                        "spec": {"containers": [{"name": "job", "image": "busybox"}]}
+                    }
+                }
+            }
+        })
+        .to_string();
+        let pruned = pruned(&text);
+        assert_eq!(
+            pruned.pointer("/spec/jobTargetRef"),
+            Some(&json!({"template": {"metadata": {"annotations": {
+                "confighash.dev/checksum": "v2:abc:01"
+            }}}}))
+        );
+        assert_eq!(
+            workload::stamp_and_marker(scaled_job, &pruned),
+            (Some("v2:abc:01"), false)
+        );
+        reads_the_same(&text);
     }
 
     #[test]

@@ -195,27 +195,27 @@ fn the_path_says_what_an_answer_must_be() {
         (
             "PATCH",
             "/apis/apps/v1/namespaces/a/deployments/web?fieldManager=confighash",
-            Typed(Ty::Workload(WorkloadKind::Deployment), Object),
+            Typed(Ty::Workload(WorkloadKind::DEPLOYMENT), Object),
         ),
         (
             "GET",
             "/apis/batch/v1/cronjobs?limit=50",
-            Typed(Ty::Workload(WorkloadKind::CronJob), List),
+            Typed(Ty::Workload(WorkloadKind::CRON_JOB), List),
         ),
         (
             "GET",
             "/apis/argoproj.io/v1alpha1/rollouts?watch=true",
-            Watch(Ty::Workload(WorkloadKind::Rollout)),
+            Watch(Ty::Workload(WorkloadKind::ROLLOUT)),
         ),
         (
             "GET",
             "/apis/apps/v1/statefulsets",
-            Typed(Ty::Workload(WorkloadKind::StatefulSet), List),
+            Typed(Ty::Workload(WorkloadKind::STATEFUL_SET), List),
         ),
         (
             "GET",
             "/apis/apps/v1/daemonsets",
-            Typed(Ty::Workload(WorkloadKind::DaemonSet), List),
+            Typed(Ty::Workload(WorkloadKind::DAEMON_SET), List),
         ),
         ("GET", "/apis/apps/v1", Typed(Ty::ApiResourceList, Object)),
         ("GET", "/api/v1", Typed(Ty::ApiResourceList, Object)),

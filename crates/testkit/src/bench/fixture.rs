@@ -561,7 +561,7 @@ pub fn stale_stamp() -> String {
 /// Checks the fixture: the Deployment references exactly the 10 objects served.
 pub fn check_references() {
     let object = deployment("debug", &stale_stamp());
-    let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::Deployment, &object) else {
+    let Ok(Analysis::Workload(info)) = workload::analyze(WorkloadKind::DEPLOYMENT, &object) else {
         panic!("the fixture is not a workload");
     };
     assert_eq!(info.refs.len(), REFERENCES, "{:?}", info.refs);

@@ -84,7 +84,7 @@ impl State {
             return;
         }
         let wait = match kind {
-            WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => self.config.rollout_timeout,
+            WorkloadKind::STATEFUL_SET | WorkloadKind::DAEMON_SET => self.config.rollout_timeout,
             _ => FOLLOW_AT_MOST,
         };
         let following = Following {
@@ -169,7 +169,7 @@ impl State {
                     return;
                 };
                 let why = match key.kind.kind() {
-                    WorkloadKind::Rollout => "the Argo Rollout is Degraded".to_owned(),
+                    WorkloadKind::ROLLOUT => "the Argo Rollout is Degraded".to_owned(),
                     _ => format!(
                         "it exceeded its progress deadline ({})",
                         crate::rollout::PROGRESS_DEADLINE_EXCEEDED
@@ -213,7 +213,7 @@ impl State {
                 continue;
             };
             match key.kind.kind() {
-                WorkloadKind::StatefulSet | WorkloadKind::DaemonSet => {
+                WorkloadKind::STATEFUL_SET | WorkloadKind::DAEMON_SET => {
                     let why = format!(
                         "it is not complete {} after the touch (--rollout-timeout)",
                         format_delay(self.config.rollout_timeout)
@@ -273,7 +273,7 @@ impl Following {
 /// Whether a workload kind rolls pods when its template changes (a CronJob's next Jobs just use
 /// the new one).
 fn has_rollout(kind: WorkloadKind) -> bool {
-    kind != WorkloadKind::CronJob
+    kind != WorkloadKind::CRON_JOB
 }
 
 /// "ConfigMap a", "ConfigMap a, Secret b"; the first few of many, so an Event's note stays short.

@@ -111,7 +111,7 @@ struct W {
 
 fn deployment(ns: &str, name: &str, uses: &[(&'static str, &str)]) -> W {
     W {
-        kind: WorkloadKind::Deployment,
+        kind: WorkloadKind::DEPLOYMENT,
         ns: ns.to_owned(),
         name: name.to_owned(),
         uid: format!("uid-{name}"),
@@ -300,7 +300,7 @@ impl Test {
             let relisted = Watched::Relisted(listed);
             effects.extend(self.feed(0.0, Input::Config(ConfigSource::Watch(kind), relisted)));
         }
-        for kind in WorkloadKind::ALL {
+        for kind in WorkloadKind::BUILT_IN {
             let mut listed = HashSet::new();
             for w in workloads.iter().filter(|w| w.kind == kind) {
                 listed.insert(w.key());

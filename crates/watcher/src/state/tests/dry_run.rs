@@ -158,7 +158,7 @@ fn a_deleted_workload_drops_what_was_remembered_of_it() {
     assert_eq!(remembered(&t), 1);
     let deleted = Watched::Deleted(web.key());
     assert_eq!(
-        t.feed(7.0, Input::Workload(WorkloadKind::Deployment, deleted)),
+        t.feed(7.0, Input::Workload(WorkloadKind::DEPLOYMENT, deleted)),
         []
     );
     assert_eq!(remembered(&t), 0);
@@ -174,7 +174,7 @@ fn a_deleted_workload_drops_what_was_remembered_of_it() {
     // A relist that no longer shows it drops it too.
     let relisted = Watched::Relisted(HashSet::new());
     assert_eq!(
-        t.feed(14.0, Input::Workload(WorkloadKind::Deployment, relisted)),
+        t.feed(14.0, Input::Workload(WorkloadKind::DEPLOYMENT, relisted)),
         []
     );
     assert_eq!(remembered(&t), 0);
@@ -254,7 +254,7 @@ fn a_workload_that_does_not_roll_by_itself_is_told_so() {
     let app = app_env("info");
     t.cluster.insert(app.0.clone(), app.1.clone());
     let mut db = deployment(NS, "db", &[("configMap", "app-env")]);
-    db.kind = WorkloadKind::StatefulSet;
+    db.kind = WorkloadKind::STATEFUL_SET;
     db.on_delete = true;
     let db = db.clone().stamped(&t.expected(&db));
     t.start(&[(NS, true)], &[app], &[&db]);

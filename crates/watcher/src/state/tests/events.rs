@@ -36,7 +36,7 @@ fn an_on_delete_workload_is_told_its_pods_do_not_roll() {
     let app = app_env("info");
     t.cluster.insert(app.0.clone(), app.1.clone());
     let mut db = deployment(NS, "db", &[("configMap", "app-env")]);
-    db.kind = WorkloadKind::StatefulSet;
+    db.kind = WorkloadKind::STATEFUL_SET;
     db.on_delete = true;
     let db = db.clone().stamped(&t.expected(&db));
     t.start(&[(NS, true)], &[app], &[&db]);

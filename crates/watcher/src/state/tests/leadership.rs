@@ -195,7 +195,7 @@ fn a_relist_removes_what_vanished_meanwhile() {
     t.config(7.0, config_map(NS, "maybe", &[("FEATURE", "off")]));
     let relisted = Watched::Relisted(HashSet::new());
     assert_eq!(
-        t.feed(8.0, Input::Workload(WorkloadKind::Deployment, relisted)),
+        t.feed(8.0, Input::Workload(WorkloadKind::DEPLOYMENT, relisted)),
         []
     );
     assert_eq!(t.wake(12.0), []);
@@ -223,9 +223,9 @@ fn a_kind_the_cluster_does_not_serve_counts_as_listed() {
     ] {
         t.feed(0.0, input);
     }
-    for kind in WorkloadKind::ALL {
+    for kind in WorkloadKind::BUILT_IN {
         assert!(!t.state.is_synced());
-        let input = if kind == WorkloadKind::Rollout {
+        let input = if kind == WorkloadKind::ROLLOUT {
             Input::NotServed(kind)
         } else {
             Input::Workload(kind, Watched::Relisted(HashSet::new()))

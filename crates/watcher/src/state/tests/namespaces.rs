@@ -38,7 +38,7 @@ fn list_namespace(
         let source = ConfigSource::WatchIn(kind, ns.to_owned());
         effects.extend(t.feed(0.0, Input::Config(source, Watched::Relisted(listed))));
     }
-    for kind in WorkloadKind::ALL {
+    for kind in WorkloadKind::BUILT_IN {
         let mut listed = HashSet::new();
         for w in workloads.iter().filter(|w| w.kind == kind && w.ns == ns) {
             listed.insert(w.key());
@@ -107,7 +107,7 @@ fn synced_once_every_listed_namespace_has_listed_and_a_relist_stays_in_its_names
     let relisted = Watched::Relisted(HashSet::from([shop_web.key()]));
     t.feed(
         7.0,
-        Input::WorkloadIn(WorkloadKind::Deployment, NS.to_owned(), relisted),
+        Input::WorkloadIn(WorkloadKind::DEPLOYMENT, NS.to_owned(), relisted),
     );
     assert!(
         t.metrics
@@ -165,7 +165,7 @@ fn a_forbidden_namespace_counts_as_listed_and_the_others_reconcile() {
         WatchOf::Config(ObjectKind::Secret),
     ]
     .into_iter()
-    .chain(WorkloadKind::ALL.into_iter().map(WatchOf::Workloads));
+    .chain(WorkloadKind::BUILT_IN.into_iter().map(WatchOf::Workloads));
     for what in whats {
         assert!(!t.state.is_synced());
         effects.extend(t.feed(0.0, Input::Forbidden(what, "denied".to_owned())));

@@ -384,7 +384,7 @@ fn a_deleted_workload_loses_its_backoff() {
     assert_eq!(t.next_wake(), Some(45.0));
     let deleted = Watched::Deleted(web.key());
     assert_eq!(
-        t.feed(31.0, Input::Workload(WorkloadKind::Deployment, deleted)),
+        t.feed(31.0, Input::Workload(WorkloadKind::DEPLOYMENT, deleted)),
         []
     );
     assert_eq!(t.next_wake(), Some(600.0));

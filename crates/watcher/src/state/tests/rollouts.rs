@@ -19,29 +19,29 @@ fn with_status(t: &mut Test, seconds: f64, w: &W, generation: i64, status: Value
 /// What each kind's controller reports of a rollout of generation 2 that is not done, and done.
 fn statuses(kind: WorkloadKind) -> (Value, Value) {
     match kind {
-        WorkloadKind::Deployment => (
+        WorkloadKind::DEPLOYMENT => (
             json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1,
                    "availableReplicas": 1}),
             json!({"observedGeneration": 2, "replicas": 1, "updatedReplicas": 1,
                    "availableReplicas": 1}),
         ),
-        WorkloadKind::StatefulSet => (
+        WorkloadKind::STATEFUL_SET => (
             json!({"observedGeneration": 2, "replicas": 1, "readyReplicas": 1,
                    "updatedReplicas": 0, "currentRevision": "r1", "updateRevision": "r2"}),
             json!({"observedGeneration": 2, "replicas": 1, "readyReplicas": 1,
                    "updatedReplicas": 1, "currentRevision": "r2", "updateRevision": "r2"}),
         ),
-        WorkloadKind::DaemonSet => (
+        WorkloadKind::DAEMON_SET => (
             json!({"observedGeneration": 2, "desiredNumberScheduled": 3,
                    "updatedNumberScheduled": 2, "numberAvailable": 3}),
             json!({"observedGeneration": 2, "desiredNumberScheduled": 3,
                    "updatedNumberScheduled": 3, "numberAvailable": 3}),
         ),
-        WorkloadKind::Rollout => (
+        WorkloadKind::ROLLOUT => (
             json!({"observedGeneration": "2", "phase": "Progressing"}),
             json!({"observedGeneration": "2", "phase": "Healthy"}),
         ),
-        WorkloadKind::CronJob => (json!({}), json!({})),
+        _ => (json!({}), json!({})),
     }
 }
 
@@ -116,10 +116,10 @@ fn series(t: &Test, name: &str) -> f64 {
 #[test]
 fn a_deployment_rollout_is_reported_complete_with_how_long_it_took() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     let web = change_and_touch(&mut t, &old, 1.0);
     assert_eq!(t.metrics.rollouts_followed(), 1);
-    let (rolling, done) = statuses(WorkloadKind::Deployment);
+    let (rolling, done) = statuses(WorkloadKind::DEPLOYMENT);
 
     // An event from before the touch (its stamp the old one) comes after the touch's result:
     // older, whatever its status says.
@@ -153,9 +153,9 @@ fn a_deployment_rollout_is_reported_complete_with_how_long_it_took() {
 #[test]
 fn every_kind_with_a_rollout_is_reported_complete_by_its_own_status() {
     for kind in [
-        WorkloadKind::StatefulSet,
-        WorkloadKind::DaemonSet,
-        WorkloadKind::Rollout,
+        WorkloadKind::STATEFUL_SET,
+        WorkloadKind::DAEMON_SET,
+        WorkloadKind::ROLLOUT,
     ] {
         let mut t = Test::leader(config());
         let old = shop_with(&mut t, web_of(kind));
@@ -164,7 +164,7 @@ fn every_kind_with_a_rollout_is_reported_complete_by_its_own_status() {
         assert_eq!(with_status(&mut t, 6.3, &web, 2, rolling), [], "{kind}");
         // Done, but for the generation before the touch: not yet.
         let mut stale = done.clone();
-        stale["observedGeneration"] = if kind == WorkloadKind::Rollout {
+        stale["observedGeneration"] = if kind == WorkloadKind::ROLLOUT {
             json!("1")
         } else {
             json!(1)
@@ -185,13 +185,13 @@ fn every_kind_with_a_rollout_is_reported_complete_by_its_own_status() {
 #[test]
 fn a_rollout_done_before_the_touch_result_is_reported_with_it() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     t.config(1.0, app_env("debug"));
     let stamp = t.expected(&old);
     assert_eq!(t.wake(6.0), [touch(&old, &stamp, APP_ENV_CHANGED, 0)]);
     let web = old.stamped(&stamp);
     // The write and the controller's whole rollout show on the watch before the result.
-    let (_, done) = statuses(WorkloadKind::Deployment);
+    let (_, done) = statuses(WorkloadKind::DEPLOYMENT);
     assert_eq!(with_status(&mut t, 6.5, &web, 2, done), []);
     assert_eq!(
         t.touched(9.0, &web, TouchResult::Patched(Some(stamp))),
@@ -209,7 +209,7 @@ fn a_rollout_done_before_the_touch_result_is_reported_with_it() {
 #[test]
 fn a_deployment_past_its_progress_deadline_is_reported_stalled() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     let web = change_and_touch(&mut t, &old, 1.0);
     let stalled = json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 1,
         "availableReplicas": 1, "conditions": [
@@ -236,7 +236,7 @@ fn a_deployment_past_its_progress_deadline_is_reported_stalled() {
 
 #[test]
 fn a_stateful_set_or_daemon_set_not_done_within_the_rollout_timeout_is_reported_stalled() {
-    for kind in [WorkloadKind::StatefulSet, WorkloadKind::DaemonSet] {
+    for kind in [WorkloadKind::STATEFUL_SET, WorkloadKind::DAEMON_SET] {
         let mut t = Test::leader(WatcherConfig {
             rollout_timeout: Duration::from_secs(300),
             ..config()
@@ -269,7 +269,7 @@ fn a_stateful_set_or_daemon_set_not_done_within_the_rollout_timeout_is_reported_
 #[test]
 fn a_degraded_argo_rollout_is_reported_stalled() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Rollout));
+    let old = shop_with(&mut t, web_of(WorkloadKind::ROLLOUT));
     let web = change_and_touch(&mut t, &old, 1.0);
     assert_eq!(
         with_status(
@@ -294,7 +294,7 @@ fn a_deployment_whose_controller_reports_nothing_is_let_go_after_a_day() {
         resync: FOLLOW_AT_MOST * 2,
         ..config()
     });
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     change_and_touch(&mut t, &old, 1.0);
     let deadline = 6.1 + FOLLOW_AT_MOST.as_secs_f64();
     assert_eq!(t.next_wake(), Some(deadline));
@@ -305,7 +305,7 @@ fn a_deployment_whose_controller_reports_nothing_is_let_go_after_a_day() {
 
 #[test]
 fn a_workload_deleted_mid_rollout_is_let_go_without_an_event() {
-    for kind in [WorkloadKind::Deployment, WorkloadKind::StatefulSet] {
+    for kind in [WorkloadKind::DEPLOYMENT, WorkloadKind::STATEFUL_SET] {
         let mut t = Test::leader(config());
         let old = shop_with(&mut t, web_of(kind));
         let web = change_and_touch(&mut t, &old, 1.0);
@@ -330,9 +330,9 @@ fn a_workload_deleted_mid_rollout_is_let_go_without_an_event() {
 #[test]
 fn a_second_touch_during_a_followed_rollout_replaces_it() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     let first = change_and_touch(&mut t, &old, 1.0);
-    let (rolling, done) = statuses(WorkloadKind::Deployment);
+    let (rolling, done) = statuses(WorkloadKind::DEPLOYMENT);
     assert_eq!(with_status(&mut t, 6.3, &first, 2, rolling.clone()), []);
 
     // app-flags changes while the first rollout goes on.
@@ -353,7 +353,7 @@ fn a_second_touch_during_a_followed_rollout_replaces_it() {
         [config_changed(&second, why)]
     );
     let _ = done;
-    let mut done = statuses(WorkloadKind::Deployment).1;
+    let mut done = statuses(WorkloadKind::DEPLOYMENT).1;
     done["observedGeneration"] = json!(3);
     assert_eq!(
         with_status(&mut t, 40.0, &second, 3, done),
@@ -369,9 +369,9 @@ fn a_second_touch_during_a_followed_rollout_replaces_it() {
 #[test]
 fn a_second_touch_whose_result_comes_first_replaces_it_too() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::StatefulSet));
+    let old = shop_with(&mut t, web_of(WorkloadKind::STATEFUL_SET));
     let first = change_and_touch(&mut t, &old, 1.0);
-    let (rolling, done) = statuses(WorkloadKind::StatefulSet);
+    let (rolling, done) = statuses(WorkloadKind::STATEFUL_SET);
     assert_eq!(with_status(&mut t, 6.3, &first, 2, rolling.clone()), []);
     let second = change_and_touch(&mut t, &first, 20.0);
     assert_eq!(t.metrics.rollout_outcomes("superseded"), 1);
@@ -397,7 +397,7 @@ fn a_second_touch_whose_result_comes_first_replaces_it_too() {
 fn workloads_whose_pods_do_not_roll_by_themselves_are_not_followed() {
     // OnDelete.
     let mut t = Test::leader(config());
-    let mut db = web_of(WorkloadKind::StatefulSet);
+    let mut db = web_of(WorkloadKind::STATEFUL_SET);
     db.on_delete = true;
     let db = shop_with(&mut t, db);
     t.config(1.0, app_env("debug"));
@@ -409,13 +409,13 @@ fn workloads_whose_pods_do_not_roll_by_themselves_are_not_followed() {
         "{effects:?}"
     );
     assert_eq!(t.metrics.rollouts_followed(), 0);
-    let (_, done) = statuses(WorkloadKind::StatefulSet);
+    let (_, done) = statuses(WorkloadKind::STATEFUL_SET);
     assert_eq!(with_status(&mut t, 7.0, &db.stamped(&stamp), 2, done), []);
     assert_eq!(t.wake(606.1), []);
 
     // A Deployment paused while followed is let go.
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     let web = change_and_touch(&mut t, &old, 1.0);
     let mut paused = web.object();
     paused["spec"]["paused"] = json!(true);
@@ -449,13 +449,13 @@ fn a_touch_of_reconcile_is_not_followed() {
 #[test]
 fn losing_leadership_lets_go_of_followed_rollouts() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::StatefulSet));
+    let old = shop_with(&mut t, web_of(WorkloadKind::STATEFUL_SET));
     let web = change_and_touch(&mut t, &old, 1.0);
     assert_eq!(t.metrics.rollouts_followed(), 1);
     assert_eq!(t.feed(10.0, Input::Leader(false)), []);
     assert_eq!(t.metrics.rollouts_followed(), 0);
     assert_eq!(t.metrics.rollout_outcomes("abandoned"), 1);
-    let (_, done) = statuses(WorkloadKind::StatefulSet);
+    let (_, done) = statuses(WorkloadKind::STATEFUL_SET);
     assert_eq!(with_status(&mut t, 20.0, &web, 2, done.clone()), []);
     // Leading again, it does not know what it followed before.
     assert_eq!(t.feed(30.0, Input::Leader(true)), []);
@@ -464,7 +464,7 @@ fn losing_leadership_lets_go_of_followed_rollouts() {
 
     // A touch whose result comes after leadership was lost is not followed either.
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::Deployment));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DEPLOYMENT));
     t.config(1.0, app_env("debug"));
     let stamp = t.expected(&old);
     assert_eq!(t.wake(6.0), [touch(&old, &stamp, APP_ENV_CHANGED, 0)]);
@@ -476,7 +476,7 @@ fn losing_leadership_lets_go_of_followed_rollouts() {
 #[test]
 fn a_namespace_terminating_mid_rollout_lets_go_without_an_event() {
     let mut t = Test::leader(config());
-    let old = shop_with(&mut t, web_of(WorkloadKind::DaemonSet));
+    let old = shop_with(&mut t, web_of(WorkloadKind::DAEMON_SET));
     change_and_touch(&mut t, &old, 1.0);
     assert_eq!(t.terminate(10.0, NS, true), []);
     assert_eq!(t.metrics.rollout_outcomes("gone"), 1);

@@ -127,7 +127,7 @@ fn a_deleted_workload_is_forgotten() {
     t.config(1.0, app_env("debug"));
     let deleted = Watched::Deleted(web.key());
     assert_eq!(
-        t.feed(2.0, Input::Workload(WorkloadKind::Deployment, deleted)),
+        t.feed(2.0, Input::Workload(WorkloadKind::DEPLOYMENT, deleted)),
         []
     );
     assert_eq!(t.wake(6.0), [], "nothing references the change any more");
@@ -168,7 +168,7 @@ fn a_workload_over_max_references_is_frozen_with_one_event() {
 
     // Deleted and created again: another workload, another Event.
     let deleted = Watched::Deleted(big.key());
-    t.feed(601.0, Input::Workload(WorkloadKind::Deployment, deleted));
+    t.feed(601.0, Input::Workload(WorkloadKind::DEPLOYMENT, deleted));
     assert_eq!(t.workload(602.0, &big), [warning]);
 }
 

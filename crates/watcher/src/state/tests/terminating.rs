@@ -43,7 +43,7 @@ fn a_terminating_namespace_drops_what_is_pending_and_its_deletions_roll_nothing(
         assert_eq!(t.wake(14.0), []);
         assert_eq!(t.wake(600.0), [], "nor does the resync");
         let deleted = Watched::Deleted(web.key());
-        t.feed(601.0, Input::Workload(WorkloadKind::Deployment, deleted));
+        t.feed(601.0, Input::Workload(WorkloadKind::DEPLOYMENT, deleted));
         let deleted = Watched::Deleted(NS.to_owned());
         assert_eq!(t.feed(602.0, Input::Namespace(deleted)), []);
         assert_eq!(t.metric("confighash_touches_pending"), 0.0);
@@ -132,7 +132,7 @@ fn a_terminating_namespace_gets_no_event_and_no_touch_from_a_new_leader() {
         ..big
     };
     let deleted = Watched::Deleted(big.key());
-    t.feed(603.0, Input::Workload(WorkloadKind::Deployment, deleted));
+    t.feed(603.0, Input::Workload(WorkloadKind::DEPLOYMENT, deleted));
     assert_eq!(
         t.workload(603.0, &big),
         [event(
