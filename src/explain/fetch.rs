@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use serde_json::Value;
 
 use crate::certs::key::SECRET_DATA_KEY;
@@ -63,27 +63,20 @@ impl ClusterReader {
     /// kind's as discovery says (its CRD's plural), or as kube names it when the cluster does not
     /// serve it (reads then find nothing).
     pub async fn resource(&self, kind: WorkloadKind) -> ApiResource {
-        let named = || {
-            ApiResource::from_gvk(&GroupVersionKind::gvk(
-                kind.group(),
-                kind.version(),
-                kind.kind(),
-            ))
-        };
+        let named = crate::cluster::discover::named_resource(kind);
         if kind.is_built_in() {
-            return named();
+            return named;
         }
         let mut discovered = self.discovered.lock().await;
         if let Some(resource) = discovered.get(&kind) {
             return resource.clone();
         }
-        let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), kind.kind());
-        match kube::discovery::oneshot::pinned_kind(&self.client, &gvk).await {
-            Ok((resource, _)) => {
+        match crate::cluster::discover::workload_resource(&self.client, kind).await {
+            Ok(resource) => {
                 discovered.insert(kind, resource.clone());
                 resource
             }
-            Err(_) => named(),
+            Err(_) => named,
         }
     }
 

@@ -124,6 +124,8 @@ struct ValuesSet {
     excluded: &'static [&'static str],
     /// `watchNamespaces`: least-privilege mode.
     watched: &'static [&'static str],
+    /// `workloadKinds`.
+    kinds: &'static [ConfiguredKind],
 }
 
 impl ValuesSet {
@@ -131,6 +133,7 @@ impl ValuesSet {
         Install {
             excluded: self.excluded.iter().map(|s| s.to_string()).collect(),
             watched: self.watched.iter().map(|s| s.to_string()).collect(),
+            workload_kinds: self.kinds.to_vec(),
             ..Install::new(self.namespace, &fullname(self.release))
         }
     }
@@ -141,6 +144,21 @@ impl ValuesSet {
     }
 }
 
+const CLONE_SET: ConfiguredKind = ConfiguredKind {
+    group: "apps.kruise.io",
+    version: "v1alpha1",
+    kind: "CloneSet",
+    resource: "clonesets",
+    template: "/spec/template",
+};
+const SCALED_JOB: ConfiguredKind = ConfiguredKind {
+    group: "keda.sh",
+    version: "v1alpha1",
+    kind: "ScaledJob",
+    resource: "scaledjobs",
+    template: "/spec/jobTargetRef/template",
+};
+
 const SETS: &[ValuesSet] = &[
     ValuesSet {
         name: "defaults",
@@ -149,6 +167,7 @@ const SETS: &[ValuesSet] = &[
         values: "",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "one replica without a budget",
@@ -157,6 +176,7 @@ const SETS: &[ValuesSet] = &[
         values: "replicaCount: 1\npodDisruptionBudget:\n  enabled: false\n",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "cert-manager",
@@ -165,6 +185,7 @@ const SETS: &[ValuesSet] = &[
         values: "certificates:\n  mode: certManager\n",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "cert-manager with an issuer of yours",
@@ -181,6 +202,7 @@ const SETS: &[ValuesSet] = &[
 ",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "monitoring",
@@ -201,6 +223,7 @@ const SETS: &[ValuesSet] = &[
 ",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "service monitor",
@@ -216,6 +239,7 @@ const SETS: &[ValuesSet] = &[
 ",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "network policy",
@@ -236,6 +260,7 @@ const SETS: &[ValuesSet] = &[
 ",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "every flag",
@@ -299,6 +324,7 @@ extraVolumeMounts:
 ",
         excluded: &["legacy", "sandbox"],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "least privilege",
@@ -307,6 +333,35 @@ extraVolumeMounts:
         values: "watchNamespaces: [shop, blog]\n",
         excluded: &[],
         watched: &["shop", "blog"],
+        kinds: &[],
+    },
+    ValuesSet {
+        name: "configured workload kinds",
+        release: "ch",
+        namespace: "platform",
+        values: "workloadKinds:
+  - {group: apps.kruise.io, version: v1alpha1, kind: CloneSet, resource: clonesets, template: /spec/template}
+  - group: keda.sh
+    version: v1alpha1
+    kind: ScaledJob
+    resource: scaledjobs
+    template: /spec/jobTargetRef/template
+",
+        excluded: &[],
+        watched: &[],
+        kinds: &[CLONE_SET, SCALED_JOB],
+    },
+    ValuesSet {
+        name: "configured workload kinds, least privilege",
+        release: "ch",
+        namespace: "platform",
+        values: "watchNamespaces: [shop]
+workloadKinds:
+  - {group: apps.kruise.io, version: v1alpha1, kind: CloneSet, resource: clonesets, template: /spec/template}
+",
+        excluded: &[],
+        watched: &["shop"],
+        kinds: &[CLONE_SET],
     },
     ValuesSet {
         name: "a webhook URL (development)",
@@ -315,6 +370,7 @@ extraVolumeMounts:
         values: "webhook:\n  url: https://127.0.0.1:18443/mutate\n",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
     ValuesSet {
         name: "a release whose name says confighash, in another namespace",
@@ -328,6 +384,7 @@ extraVolumeMounts:
 ",
         excluded: &[],
         watched: &[],
+        kinds: &[],
     },
 ];
 
@@ -438,6 +495,19 @@ fn check_installation(what: &str, objects: &[Value], install: &Install) -> Serve
     check_webhook_selects(objects, install);
     check_webhook_configuration(objects, install);
     let serve = check_deployment(objects, install);
+    // Each configured kind reaches serve as --workload-kind, and the flags make a valid set.
+    let flags: Vec<String> = serve
+        .kinds
+        .workload_kinds
+        .iter()
+        .map(|k| k.flag())
+        .collect();
+    let expected: Vec<String> = install.workload_kinds.iter().map(|k| k.flag()).collect();
+    assert_eq!(flags, expected, "{what}: --workload-kind");
+    serve
+        .kinds
+        .kinds()
+        .expect("the configured kinds go together");
     check_rbac(&rbac_yaml(objects), install, serve.self_signed_certs);
     if !serve.self_signed_certs {
         check_cert_manager_install(objects, install);
@@ -641,6 +711,12 @@ fn every_values_set_renders_an_installation_that_holds_together() {
             }
             "every flag" => check_every_flag(&objects, &install, &serve, &pending),
             "least privilege" => check_least_privilege(&objects, &install, &serve),
+            "configured workload kinds, least privilege" => {
+                check_least_privilege(&objects, &install, &serve)
+            }
+            // Checked with every set: the flags, the webhook rules and the RBAC
+            // (check_installation).
+            "configured workload kinds" => assert_eq!(serve.kinds.workload_kinds.len(), 2),
             "a webhook URL (development)" => {
                 let configuration = find(&objects, "MutatingWebhookConfiguration", &install.name);
                 for entry in configuration["webhooks"].as_array().unwrap() {
@@ -665,7 +741,7 @@ fn every_values_set_renders_an_installation_that_holds_together() {
 fn check_least_privilege(objects: &[Value], install: &Install, serve: &ServeArgs) {
     assert_eq!(
         serve.watch_namespaces.as_deref(),
-        Some(&["shop".to_owned(), "blog".to_owned()][..])
+        Some(&install.watched[..])
     );
     let cluster_role = find(objects, "ClusterRole", &install.name);
     let resources: BTreeSet<String> = cluster_role["rules"]
@@ -711,7 +787,7 @@ fn check_least_privilege(objects: &[Value], install: &Install, serve: &ServeArgs
             expressions.contains(&json!({
                 "key": "kubernetes.io/metadata.name",
                 "operator": "In",
-                "values": ["shop", "blog"]
+                "values": install.watched
             })),
             "{entry}"
         );
@@ -952,6 +1028,19 @@ fn chart_refuses_values_that_would_not_work() {
         ("image:\n  digest: latest\n", "digest"),
         ("log:\n  format: yaml\n", "format"),
         ("dryRun: \"true\"\n", "dryRun"),
+        // A configured kind needs all five fields, each well formed.
+        (
+            "workloadKinds:\n  - {group: apps.kruise.io, version: v1alpha1, kind: CloneSet, template: /spec/template}\n",
+            "resource",
+        ),
+        (
+            "workloadKinds:\n  - {group: apps.kruise.io, version: v1alpha1, kind: CloneSet, resource: clonesets, template: spec.template}\n",
+            "template",
+        ),
+        (
+            "workloadKinds:\n  - {group: Apps, version: v1, kind: CloneSet, resource: clonesets, template: /spec/template}\n",
+            "group",
+        ),
     ] {
         match template("ch", "platform", values) {
             Ok(_) => panic!("rendered, but should be refused:\n{values}"),

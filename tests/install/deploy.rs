@@ -105,7 +105,13 @@ fn kustomizations(files: &[PathBuf]) -> Kustomizations {
                 "{what}: {key}: only {allowed:?} are used here"
             );
         }
-        for entry in doc["resources"].as_array().expect("resources") {
+        // A component may only patch (deploy/components/workload-kind).
+        let resources = doc["resources"].as_array().map(Vec::as_slice).unwrap_or_default();
+        assert!(
+            !resources.is_empty() || (component && doc.get("patches").is_some()),
+            "{what}: neither resources nor a component's patches"
+        );
+        for entry in resources {
             let path = dir.join(entry.as_str().expect("a path"));
             assert!(path.exists(), "{what}: {} does not exist", path.display());
             if path.is_dir() {
@@ -501,6 +507,64 @@ fn dockerfile_matches_the_manifests_and_ci() {
             ".dockerignore should leave out {left_out}"
         );
     }
+}
+
+/// `deploy/components/workload-kind`, the example of one more workload kind (CloneSet): with it
+/// the flag, both webhook entries' rules and the ClusterRole name the kind, as the checks of the
+/// code's requests and kinds require, and nothing else changes.
+#[test]
+fn the_workload_kind_component_adds_the_flag_the_rules_and_the_rbac() {
+    let Some(with) = kustomize_with_components(&["workload-kind"]) else {
+        println!("skipped: rendering the component needs kubectl on PATH");
+        return;
+    };
+    let with = by_identity(&documents(
+        "deploy/ with the workload-kind component",
+        &with,
+    ));
+    let without = by_identity(&documents(
+        "kubectl kustomize deploy/",
+        &kustomize(&deploy_dir()).unwrap(),
+    ));
+    assert_eq!(
+        with.keys().collect::<Vec<_>>(),
+        without.keys().collect::<Vec<_>>()
+    );
+    let changed: Vec<&String> = with
+        .iter()
+        .filter(|(id, doc)| without.get(*id) != Some(doc))
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(
+        changed,
+        [
+            "ClusterRole confighash",
+            "Deployment confighash/confighash",
+            "MutatingWebhookConfiguration confighash"
+        ]
+    );
+    let install = Install {
+        workload_kinds: vec![ConfiguredKind {
+            group: "apps.kruise.io",
+            version: "v1alpha1",
+            kind: "CloneSet",
+            resource: "clonesets",
+            template: "/spec/template",
+        }],
+        ..install()
+    };
+    let objects: Vec<Value> = with.into_values().collect();
+    for doc in &objects {
+        check_document("deploy/ with the workload-kind component", doc, true);
+    }
+    check_webhook_configuration(&objects, &install);
+    let serve = check_deployment(&objects, &install);
+    let kinds = serve.kinds.kinds().unwrap();
+    assert_eq!(
+        kinds.configured().map(|k| k.flag()).collect::<Vec<_>>(),
+        ["apps.kruise.io/v1alpha1/CloneSet=/spec/template"]
+    );
+    check_rbac(&rbac_yaml(&objects), &install, serve.self_signed_certs);
 }
 
 /// `deploy/components/network-policy`, a kustomize component off by default: `deploy/` renders

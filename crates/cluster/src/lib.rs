@@ -9,6 +9,7 @@
 //! Its Cargo.toml keeps it so: of confighash's crates it depends on the core alone.
 
 pub mod client;
+pub mod discover;
 pub mod get;
 pub mod redact;
 pub mod watch;

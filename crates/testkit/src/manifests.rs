@@ -73,6 +73,30 @@ pub struct Install {
     /// Least-privilege mode (`--watch-namespaces`): the only namespaces read and touched, with
     /// a Role in each; empty: the whole cluster.
     pub watched: Vec<String>,
+    /// Configured workload kinds (`--workload-kind`, the chart's `workloadKinds`).
+    pub workload_kinds: Vec<ConfiguredKind>,
+}
+
+/// A configured workload kind as the chart's `workloadKinds` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfiguredKind {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    /// The plural.
+    pub resource: &'static str,
+    /// The pod template's JSON pointer.
+    pub template: &'static str,
+}
+
+impl ConfiguredKind {
+    /// Its `--workload-kind` value.
+    pub fn flag(&self) -> String {
+        format!(
+            "{}/{}/{}={}",
+            self.group, self.version, self.kind, self.template
+        )
+    }
 }
 
 impl Install {
@@ -85,7 +109,17 @@ impl Install {
             certs_secret: format!("{name}-certs"),
             excluded: Vec::new(),
             watched: Vec::new(),
+            workload_kinds: Vec::new(),
         }
+    }
+
+    /// (group, plural) of every workload kind the installation handles: the built-in kinds and
+    /// its configured ones.
+    pub fn workload_resources(&self) -> Vec<(&'static str, &'static str)> {
+        workload_resources()
+            .into_iter()
+            .chain(self.workload_kinds.iter().map(|k| (k.group, k.resource)))
+            .collect()
     }
 }
 
@@ -668,13 +702,15 @@ pub fn check_webhook_configuration(objects: &[Value], install: &Install) {
     // resource only, namespaced.
     let mut expected = BTreeSet::new();
     for kind in WorkloadKind::BUILT_IN {
-        let version = if kind == WorkloadKind::ROLLOUT {
-            "v1alpha1"
-        } else {
-            "v1"
-        };
         let plural = format!("{}s", kind.kind().to_lowercase());
-        expected.insert((kind.group().to_owned(), version.to_owned(), plural));
+        expected.insert((kind.group().to_owned(), kind.version().to_owned(), plural));
+    }
+    for kind in &install.workload_kinds {
+        expected.insert((
+            kind.group.to_owned(),
+            kind.version.to_owned(),
+            kind.resource.to_owned(),
+        ));
     }
     let mut named = BTreeSet::new();
     for rule in webhook.rules.as_ref().unwrap() {
@@ -1126,12 +1162,12 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
             reqs.push(req("list", "", resource, scope, None));
             reqs.push(req("watch", "", resource, scope, None));
         }
-        for (group, resource) in workload_resources() {
+        for (group, resource) in install.workload_resources() {
             reqs.push(req("list", group, resource, scope, None));
             reqs.push(req("watch", group, resource, scope, None));
         }
     }
-    for (group, resource) in workload_resources() {
+    for (group, resource) in install.workload_resources() {
         reqs.push(req("get", group, resource, app, Some("web")));
         reqs.push(req("patch", group, resource, app, Some("web")));
     }
@@ -1143,7 +1179,7 @@ pub const UNWATCHED: &str = "payroll";
 
 /// What least-privilege mode must not be allowed: reading ConfigMaps and Secrets of the whole
 /// cluster, or of a namespace outside the list, and touching workloads there.
-pub fn unwatched_requests() -> Vec<Req> {
+pub fn unwatched_requests(install: &Install) -> Vec<Req> {
     let other = Some(UNWATCHED);
     let mut reqs = vec![
         req("list", "", "secrets", None, None),
@@ -1154,7 +1190,7 @@ pub fn unwatched_requests() -> Vec<Req> {
         req("get", "", "configmaps", other, Some("app-env")),
         req("create", EVENTS, "events", other, None),
     ];
-    for (group, resource) in workload_resources() {
+    for (group, resource) in install.workload_resources() {
         reqs.push(req("list", group, resource, None, None));
         reqs.push(req("patch", group, resource, other, Some("web")));
     }
@@ -1272,7 +1308,7 @@ pub fn forbidden_requests(install: &Install) -> Vec<Req> {
         req("create", "", "serviceaccounts/token", own, name),
         req("impersonate", "", "users", None, Some("admin")),
     ];
-    for (group, resource) in workload_resources() {
+    for (group, resource) in install.workload_resources() {
         reqs.push(req("create", group, resource, app, None));
         reqs.push(req("update", group, resource, app, Some("web")));
         reqs.push(req("delete", group, resource, app, Some("web")));
@@ -1313,7 +1349,7 @@ pub fn check_rbac(rbac: &str, install: &Install, self_signed: bool) {
     }
     let mut forbidden = forbidden_requests(install);
     if !install.watched.is_empty() {
-        forbidden.extend(unwatched_requests());
+        forbidden.extend(unwatched_requests(install));
     }
     if !self_signed {
         // confighash writes no certificates then, so it may not. (Reading and creating

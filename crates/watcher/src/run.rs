@@ -10,9 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
@@ -594,9 +592,8 @@ async fn watch_workload_kinds(
             if watching.contains_key(&kind) {
                 continue;
             }
-            let gvk = GroupVersionKind::gvk(kind.group(), kind.version(), kind.kind());
-            match kube::discovery::oneshot::pinned_kind(&client, &gvk).await {
-                Ok((resource, _)) => {
+            match confighash_cluster::discover::workload_resource(&client, kind).await {
+                Ok(resource) => {
                     tracing::info!(kind = kind.kind(), plural = resource.plural, "watching");
                     served.insert(kind, resource.clone());
                     let tasks = scopes(&config)
@@ -624,7 +621,7 @@ async fn watch_workload_kinds(
                 }
                 Err(e) => {
                     if reported_absent.insert(kind) {
-                        tracing::info!(kind = kind.kind(), api_version = kind.api_version(), error = %redact::kube_error(&e), "not served by this cluster; looking again later");
+                        tracing::info!(kind = kind.kind(), api_version = kind.api_version(), error = %e, "not served by this cluster; looking again later");
                         if tx.send(Input::NotServed(kind)).await.is_err() {
                             return;
                         }

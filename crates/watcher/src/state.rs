@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use kube::api::{ApiResource, GroupVersionKind};
 use kube::runtime::events::EventType;
 
 use crate::flap::{FlapGuard, Seen};
@@ -721,13 +720,7 @@ fn would_roll(
 
 /// The API resource of a workload kind, its plural as kube makes one from the kind's name
 /// (discovery's, where known, is the watcher's to prefer).
-pub fn api_resource(kind: WorkloadKind) -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk(
-        kind.group(),
-        kind.version(),
-        kind.kind(),
-    ))
-}
+pub use confighash_cluster::discover::named_resource as api_resource;
 
 /// "ConfigMap a changed", "ConfigMap a, Secret b changed"; the first few of many, so an Event's
 /// note stays short.
