@@ -6,6 +6,7 @@ use confighash_testkit::e2e::{real, support};
 use confighash_testkit::{build, harness};
 
 mod changes;
+mod configured_kinds;
 mod differential;
 mod dry_run;
 mod flap;

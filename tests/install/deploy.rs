@@ -106,7 +106,10 @@ fn kustomizations(files: &[PathBuf]) -> Kustomizations {
             );
         }
         // A component may only patch (deploy/components/workload-kind).
-        let resources = doc["resources"].as_array().map(Vec::as_slice).unwrap_or_default();
+        let resources = doc["resources"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         assert!(
             !resources.is_empty() || (component && doc.get("patches").is_some()),
             "{what}: neither resources nor a component's patches"

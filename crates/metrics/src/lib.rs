@@ -410,6 +410,13 @@ impl Metrics {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
+    /// How many objects of `kind` the watcher keeps (for tests).
+    #[cfg(feature = "testkit")]
+    pub fn watched(&self, kind: &'static str) -> u64 {
+        let gauge = self.watched.get_or_create(&KindLabels { kind });
+        u64::try_from(gauge.get()).unwrap_or(0)
+    }
+
     pub fn set_synced(&self, synced: bool) {
         self.synced.set(i64::from(synced));
     }

@@ -299,23 +299,21 @@ pub struct WorkloadKey {
     pub name: String,
 }
 
-/// [`WorkloadKind`] with an order, for sorted sets of workloads.
+/// [`WorkloadKind`] in a key: kinds sort built-in kinds first, in [`WorkloadKind::BUILT_IN`]'s
+/// order, then configured kinds in the order they were configured. As large as a `u8` would be
+/// here: the key's strings align it to 8 bytes anyway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkloadKindKey(u8);
+pub struct WorkloadKindKey(WorkloadKind);
 
 impl From<WorkloadKind> for WorkloadKindKey {
     fn from(kind: WorkloadKind) -> Self {
-        let i = WorkloadKind::BUILT_IN
-            .iter()
-            .position(|k| *k == kind)
-            .unwrap_or(0);
-        WorkloadKindKey(i as u8)
+        WorkloadKindKey(kind)
     }
 }
 
 impl WorkloadKindKey {
     pub fn kind(self) -> WorkloadKind {
-        WorkloadKind::BUILT_IN[usize::from(self.0).min(WorkloadKind::BUILT_IN.len() - 1)]
+        self.0
     }
 }
 
@@ -456,6 +454,8 @@ pub struct WorkloadIndex {
     /// third of them or more are free.
     workloads: HashMap<WorkloadKey, Box<WorkloadEntry>>,
     reverse: HashMap<String, HashMap<u64, Dependents>>,
+    /// How many workloads of each kind are kept.
+    counts: HashMap<WorkloadKindKey, usize>,
     hasher: RandomState,
     /// Every object gets the same key: the collisions' path, for tests.
     #[cfg(test)]
@@ -551,13 +551,28 @@ impl WorkloadIndex {
                 }
             }
         }
-        self.workloads.insert(key, Box::new(entry));
+        let kind = key.kind;
+        if self.workloads.insert(key, Box::new(entry)).is_none() {
+            *self.counts.entry(kind).or_default() += 1;
+        }
     }
 
     /// Forgets a workload. True when it was known.
     pub fn remove(&mut self, key: &WorkloadKey) -> bool {
         self.unlink(key);
-        self.workloads.remove(key).is_some()
+        let removed = self.workloads.remove(key).is_some();
+        if removed && let Some(count) = self.counts.get_mut(&key.kind) {
+            *count = count.saturating_sub(1);
+        }
+        removed
+    }
+
+    /// How many workloads of a kind are kept.
+    pub fn count_of(&self, kind: WorkloadKind) -> usize {
+        self.counts
+            .get(&WorkloadKindKey::from(kind))
+            .copied()
+            .unwrap_or(0)
     }
 
     fn unlink(&mut self, key: &WorkloadKey) {
@@ -678,6 +693,18 @@ impl WorkloadIndex {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_kind_in_a_key_costs_no_more_than_a_byte_did() {
+        // A dependent is kept per reference: the kind shares the name's alignment.
+        assert_eq!(std::mem::size_of::<Dependent>(), 24);
+        assert_eq!(std::mem::size_of::<WorkloadKey>(), 56);
+        let clone_set =
+            WorkloadKind::parse("apps.kruise.io/v1alpha1/CloneSet=/spec/template").unwrap();
+        let key = WorkloadKey::new(clone_set, "shop", "web");
+        assert_eq!(key.kind.kind(), clone_set, "a configured kind stays itself");
+        assert!(WorkloadKindKey::from(WorkloadKind::ROLLOUT) < key.kind);
+    }
+
     use super::*;
     use serde_json::json;
 

@@ -94,6 +94,15 @@ const fn workload(
 /// Argo Rollouts' group, served only while its CRD is "installed".
 pub const ROLLOUTS_GROUP: &str = "argoproj.io";
 
+/// The custom resources of [`RESOURCES`] (group, plural), none served until
+/// `ApiServer::set_crd_served` says so.
+pub const CRD_RESOURCES: [(&str, &str); 4] = [
+    ("apps.kruise.io", "clonesets"),
+    ("serving.knative.dev", "services"),
+    ("keda.sh", "scaledjobs"),
+    ("apps.kruise.io", "broadcastjobs"),
+];
+
 /// Every resource the stand-in knows.
 pub static RESOURCES: &[ResourceInfo] = &[
     resource("", "v1", "Namespace", "namespaces", false),
@@ -122,6 +131,36 @@ pub static RESOURCES: &[ResourceInfo] = &[
         "v1alpha1",
         "Rollout",
         "rollouts",
+        "/spec/template",
+    ),
+    // Custom resources with a pod template, as their CRDs serve them (tests/data/crds/), each
+    // served only once its CRD is "applied" ([`CRD_RESOURCES`]).
+    workload(
+        "apps.kruise.io",
+        "v1alpha1",
+        "CloneSet",
+        "clonesets",
+        "/spec/template",
+    ),
+    workload(
+        "serving.knative.dev",
+        "v1",
+        "Service",
+        "services",
+        "/spec/template",
+    ),
+    workload(
+        "keda.sh",
+        "v1alpha1",
+        "ScaledJob",
+        "scaledjobs",
+        "/spec/jobTargetRef/template",
+    ),
+    workload(
+        "apps.kruise.io",
+        "v1alpha1",
+        "BroadcastJob",
+        "broadcastjobs",
         "/spec/template",
     ),
     resource("coordination.k8s.io", "v1", "Lease", "leases", true),

@@ -1,6 +1,6 @@
 //! The HTTP front: kube-apiserver's REST paths, verbs, Status errors and watch streams.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,6 +110,8 @@ pub(crate) struct Shared {
     delay: Mutex<Duration>,
     kill_watches: tokio::sync::watch::Sender<u64>,
     rollouts_served: AtomicBool,
+    /// The custom resources of `CRD_RESOURCES` whose CRD is "applied": (group, plural).
+    crds_served: Mutex<HashSet<(&'static str, &'static str)>>,
     authorizer: Mutex<Option<Arc<Authorizer>>>,
     tokens: Mutex<HashMap<String, UserInfo>>,
     /// Every webhook call of the admission chain and how long it took.
@@ -166,6 +168,7 @@ impl ApiServer {
             delay: Mutex::new(Duration::ZERO),
             kill_watches: tokio::sync::watch::channel(0).0,
             rollouts_served: AtomicBool::new(options.rollouts_served),
+            crds_served: Mutex::new(HashSet::new()),
             authorizer: Mutex::new(None),
             tokens: Mutex::new(HashMap::new()),
             webhook_calls: Mutex::new(Vec::new()),
@@ -360,6 +363,20 @@ impl ApiServer {
         self.shared.rollouts_served.store(served, Ordering::SeqCst);
     }
 
+    /// "Applies" or removes the CRD of a custom resource of `CRD_RESOURCES` (group, plural).
+    pub fn set_crd_served(&self, group: &str, plural: &str, served: bool) {
+        let crd = resources::CRD_RESOURCES
+            .into_iter()
+            .find(|(g, p)| *g == group && *p == plural)
+            .unwrap_or_else(|| panic!("the stand-in has no custom resource {plural}.{group}"));
+        let mut crds = lock(&self.shared.crds_served);
+        if served {
+            crds.insert(crd);
+        } else {
+            crds.remove(&crd);
+        }
+    }
+
     /// Every webhook call of the admission chain so far.
     pub fn webhook_calls(&self) -> Vec<WebhookCall> {
         lock(&self.shared.webhook_calls)
@@ -534,8 +551,14 @@ enum Target {
 impl Shared {
     fn served(&self) -> Vec<&'static ResourceInfo> {
         let rollouts = self.rollouts_served.load(Ordering::SeqCst);
+        let crds = lock(&self.crds_served);
+        let crd = |r: &ResourceInfo| {
+            resources::CRD_RESOURCES.contains(&(r.group, r.plural))
+                && !crds.contains(&(r.group, r.plural))
+        };
         RESOURCES
             .iter()
+            .filter(|r| !crd(r))
             .filter(|r| rollouts || r.group != ROLLOUTS_GROUP)
             .collect()
     }

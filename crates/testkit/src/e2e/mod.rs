@@ -2,5 +2,6 @@
 //! real control plane makes ([`real`]), and the fault run's real-cluster mode ([`real_fault_run`]).
 
 pub mod fault_run;
+pub mod kinds;
 pub mod real;
 pub mod support;

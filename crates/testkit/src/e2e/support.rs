@@ -44,6 +44,9 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 /// How long a replica may take to lead: the Lease's duration (15 s) after a replica that did not
 /// give it up, the retry period and some room.
 pub const LEADER_DEADLINE: Duration = Duration::from_secs(45);
+/// How long confighash may take to watch a kind whose CRD was applied after it started: it looks
+/// for such kinds every minute, then lists them.
+pub const KIND_RECHECK_DEADLINE: Duration = Duration::from_secs(100);
 /// The scenarios' `--flap-threshold`: high enough that no barrier ever flaps.
 pub const FLAP_THRESHOLD: u32 = 10_000;
 /// On a real cluster, the label of every namespace a test creates; its value is the suffix of
@@ -70,12 +73,17 @@ const SERVE: &str = "CONFIGHASH_E2E_SERVE";
 /// Where the user stories record what they measured (JSON lines), for the real tier's table.
 const STORIES: &str = "CONFIGHASH_E2E_STORIES";
 /// The workload resources confighash touches.
-const WORKLOAD_RESOURCES: [&str; 5] = [
+const WORKLOAD_RESOURCES: [&str; 9] = [
     "deployments",
     "statefulsets",
     "daemonsets",
     "cronjobs",
     "rollouts",
+    // The scenarios' configured kinds (tests/data/crds/kinds.json).
+    "clonesets",
+    "services",
+    "scaledjobs",
+    "broadcastjobs",
 ];
 
 /// Where scenarios run.
@@ -184,11 +192,13 @@ impl Env {
         })
         .await;
         let client = api.client();
+        // deploy/'s RBAC, and what the chart's workloadKinds adds for the scenarios' kinds.
         let rbac = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../deploy/base/rbac.yaml"
         ))
-        .expect("deploy/base/rbac.yaml");
+        .expect("deploy/base/rbac.yaml")
+            + &super::kinds::rbac_yaml();
         api.set_authorizer(Some(
             crate::apiserver::rbac::Authorizer::from_yaml(&rbac).expect("deploy/ RBAC parses"),
         ));
@@ -249,6 +259,7 @@ impl Env {
             header_read_timeout: Duration::from_secs(5),
             drain_timeout: Duration::from_secs(5),
             dry_run: setup.dry_run,
+            kinds: super::kinds::kinds(),
             ..app::Config::default()
         };
         let mut serving = App::from_config(config, cluster)
@@ -423,6 +434,41 @@ impl Env {
         kind != "Rollout" || self.rollouts_served
     }
 
+    /// Applies the CRD of a configured kind of the scenarios ([`super::kinds`]) and waits until
+    /// the API server serves it: in the stand-in it starts serving the resource; on a real
+    /// cluster the CRD (`tests/data/crds/`) is applied server-side and waited for until
+    /// Established. Whether it was served before.
+    pub async fn apply_crd(&self, kind: &str) -> bool {
+        let test_kind = super::kinds::test_kind(kind);
+        let served = || async {
+            self.client
+                .list_api_group_resources(&test_kind.api_version())
+                .await
+                .is_ok_and(|list| list.resources.iter().any(|r| r.name == test_kind.resource))
+        };
+        let before = served().await;
+        if let Some(api) = &self.api {
+            api.set_crd_served(&test_kind.group, &test_kind.resource, true);
+        } else {
+            let crd = test_kind.crd();
+            let name = crd["metadata"]["name"].as_str().unwrap().to_owned();
+            let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+                Api::all(self.client.clone());
+            api.patch(
+                &name,
+                &PatchParams::apply("confighash-tests").force(),
+                &Patch::Apply(crd),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("applying the CRD {name}: {e}"));
+        }
+        self.eventually(&format!("{} served", test_kind.resource), || async {
+            served().await
+        })
+        .await;
+        before
+    }
+
     /// Whether [`Env::rollouts`] can count the rollouts of `kind` here: a CronJob keeps no
     /// revision in Kubernetes, so on a real cluster its rollouts cannot be counted (its job
     /// template's stamp still shows a change).
@@ -575,19 +621,24 @@ impl Env {
         let ca = &self.certs.as_ref().unwrap().ca_pem;
         let mut excluded: Vec<&String> = self.config.excluded_namespaces.iter().collect();
         excluded.sort();
+        let rules = |mut rules: Vec<Value>| {
+            rules.extend(super::kinds::webhook_rules());
+            rules
+        };
+        let built_in = vec![
+            json!({"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                   "resources": ["deployments", "statefulsets", "daemonsets"], "scope": "Namespaced"}),
+            json!({"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+                   "resources": ["cronjobs"], "scope": "Namespaced"}),
+            json!({"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+                   "resources": ["rollouts"], "scope": "Namespaced"}),
+        ];
         let configuration: MutatingWebhookConfiguration = serde_json::from_value(json!({
             "metadata": {"name": "confighash"},
             "webhooks": [{
                 "name": "stamp.confighash.dev",
                 "clientConfig": {"url": self.webhook_url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
-                "rules": [
-                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                     "resources": ["deployments", "statefulsets", "daemonsets"], "scope": "Namespaced"},
-                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                     "resources": ["cronjobs"], "scope": "Namespaced"},
-                    {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
-                     "resources": ["rollouts"], "scope": "Namespaced"}
-                ],
+                "rules": rules(built_in.clone()),
                 "namespaceSelector": {"matchLabels": {"confighash.dev/enabled": "true"}},
                 "objectSelector": {"matchExpressions": [{"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["false"]}]},
                 "failurePolicy": failure_policy,
@@ -598,14 +649,7 @@ impl Env {
             }, {
                 "name": "workload.confighash.dev",
                 "clientConfig": {"url": self.webhook_url, "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
-                "rules": [
-                    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                     "resources": ["deployments", "statefulsets", "daemonsets"], "scope": "Namespaced"},
-                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-                     "resources": ["cronjobs"], "scope": "Namespaced"},
-                    {"apiGroups": ["argoproj.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
-                     "resources": ["rollouts"], "scope": "Namespaced"}
-                ],
+                "rules": rules(built_in.clone()),
                 "namespaceSelector": {"matchExpressions": [
                     {"key": "confighash.dev/enabled", "operator": "NotIn", "values": ["true"]},
                     {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}
@@ -735,6 +779,14 @@ impl Env {
                     .await
             }
             "StatefulSet" | "DaemonSet" => self.controller_revision(namespace, kind, name).await,
+            // A custom resource of the scenarios has no controller and keeps no revision: its
+            // CRD serves a status subresource, so only a change of `spec` raises its generation,
+            // and the scenarios change nothing in it but the pod template.
+            kind if super::kinds::test_kinds().iter().any(|k| k.kind == kind) => self
+                .get_workload(namespace, kind, name)
+                .await
+                .and_then(|o| o.pointer("/metadata/generation").and_then(Value::as_u64))
+                .unwrap_or(0),
             "CronJob" => panic!(
                 "CronJob {}/{name}: a CronJob keeps no revision in Kubernetes, so its rollouts \
                  cannot be counted on a real cluster (check Env::counts_rollouts first)",
@@ -923,6 +975,40 @@ impl Env {
                 "no replica of confighash leads after {LEADER_DEADLINE:?}: {seen:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Polls until confighash's watcher (on a real cluster: the leading replica's, read at
+    /// [`METRICS_URL`]) keeps at least `at_least` objects of `kind`: it watches the kind. A kind
+    /// it did not find at start (no CRD yet) is looked for again every minute
+    /// ([`KIND_RECHECK_DEADLINE`]).
+    pub async fn wait_watching(&self, kind: &str, at_least: u64) {
+        let label = format!("confighash_watched_objects{{kind=\"{kind}\"}}");
+        let watching = || async {
+            if self.is_stand_in() {
+                let kind = crate::e2e::kinds::kinds()
+                    .iter()
+                    .find(|k| k.kind() == kind)
+                    .expect("a workload kind");
+                return self.metrics.watched(kind.kind()) >= at_least;
+            }
+            let Ok(urls) = std::env::var(METRICS_URL) else {
+                panic!("waiting for confighash to watch {kind} needs {METRICS_URL}");
+            };
+            for url in urls.split(',') {
+                if remote_gauge(url, "confighash_leader").await == Ok(1) {
+                    return remote_gauge(url, &label).await.unwrap_or(0) >= at_least;
+                }
+            }
+            false
+        };
+        let start = tokio::time::Instant::now();
+        while !watching().await {
+            assert!(
+                start.elapsed() < KIND_RECHECK_DEADLINE,
+                "confighash does not watch {at_least} or more {kind} objects after {KIND_RECHECK_DEADLINE:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
@@ -1372,10 +1458,11 @@ impl Env {
     /// The stamp on a workload's pod template, read from the API server.
     pub async fn stamp(&self, namespace: &str, kind: &str, name: &str) -> Option<String> {
         let obj = self.get_workload(namespace, kind, name).await?;
-        let template = if kind == "CronJob" {
-            "/spec/jobTemplate/spec/template"
-        } else {
-            "/spec/template"
+        let configured = super::kinds::test_kinds().iter().find(|k| k.kind == kind);
+        let template = match configured {
+            Some(k) => k.template.as_str(),
+            None if kind == "CronJob" => "/spec/jobTemplate/spec/template",
+            None => "/spec/template",
         };
         obj.pointer(&format!("{template}/metadata/annotations"))?
             .get(STAMP)?
@@ -1476,8 +1563,12 @@ fn delete_namespaces(config: kube::Config, suffix: &str) {
     }
 }
 
-/// The API of a workload kind by its name (Deployment, StatefulSet, DaemonSet, CronJob, Rollout).
+/// The API of a workload kind by its name (Deployment, StatefulSet, DaemonSet, CronJob, Rollout,
+/// or a configured kind of the scenarios: [`super::kinds`]).
 pub fn api_resource(kind: &str) -> kube::api::ApiResource {
+    if let Some(test_kind) = super::kinds::test_kinds().iter().find(|k| k.kind == kind) {
+        return test_kind.api_resource();
+    }
     let (group, version, plural) = match kind {
         "CronJob" => ("batch", "v1", "cronjobs"),
         "Rollout" => ("argoproj.io", "v1alpha1", "rollouts"),
@@ -1531,6 +1622,38 @@ pub fn workload_object(kind: &str, name: &str, refs: &[(&str, &str)], labels: Va
             "volumes": volumes
         }
     });
+    if let Some(test_kind) = super::kinds::test_kinds().iter().find(|k| k.kind == kind) {
+        // A custom resource: its spec's required fields, and the template at its pointer.
+        let mut spec = match kind {
+            "CloneSet" => json!({"replicas": 1, "selector": {"matchLabels": {"app": name}}}),
+            "ScaledJob" => json!({"pollingInterval": 30, "triggers": [
+                {"type": "cron", "metadata": {"timezone": "Etc/UTC", "start": "0 1 * * *",
+                 "end": "0 2 * * *", "desiredReplicas": "1"}}]}),
+            _ => json!({}),
+        };
+        let mut object = json!({"spec": {}});
+        let tokens: Vec<&str> = test_kind
+            .template
+            .trim_start_matches('/')
+            .split('/')
+            .collect();
+        let mut here = &mut object;
+        for token in &tokens[..tokens.len() - 1] {
+            here = here
+                .as_object_mut()
+                .unwrap()
+                .entry(token.to_string())
+                .or_insert_with(|| json!({}));
+        }
+        here[tokens[tokens.len() - 1]] = template;
+        merge(&mut spec, object["spec"].take());
+        return json!({
+            "apiVersion": test_kind.api_version(),
+            "kind": kind,
+            "metadata": {"name": name, "labels": labels},
+            "spec": spec
+        });
+    }
     let (api_version, spec) = match kind {
         // Suspended: on a real cluster no Job starts, so any Job there is one confighash made.
         "CronJob" => (
@@ -1557,6 +1680,18 @@ pub fn workload_object(kind: &str, name: &str, refs: &[(&str, &str)], labels: Va
         "metadata": {"name": name, "labels": labels},
         "spec": spec
     })
+}
+
+/// Adds `from`'s members to `into` (objects merged member by member).
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (key, value) in from {
+                merge(into.entry(key).or_insert(Value::Null), value);
+            }
+        }
+        (into, from) => *into = from,
+    }
 }
 
 /// confighash's touches pending and in flight, read from its metrics at `url` (plain HTTP on

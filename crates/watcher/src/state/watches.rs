@@ -236,6 +236,8 @@ impl State {
                 let opts_in = self.opts_in(&key, &entry);
                 self.follow_watched(&key, &entry, now);
                 self.workloads.upsert(key.clone(), entry);
+                self.metrics
+                    .set_watched(kind.kind(), self.workloads.count_of(kind));
                 self.workload_opt_in(&key, opts_in);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
@@ -248,6 +250,8 @@ impl State {
             Watched::Applied(key, None) | Watched::Deleted(key) => {
                 self.forget(&key);
                 self.workloads.remove(&key);
+                self.metrics
+                    .set_watched(kind.kind(), self.workloads.count_of(kind));
                 self.workload_opt_in(&key, false);
             }
             Watched::Relisted(seen) => {
@@ -260,7 +264,7 @@ impl State {
                     }
                 }
                 self.metrics
-                    .set_watched(kind.kind(), self.workloads.keys_of(kind).len());
+                    .set_watched(kind.kind(), self.workloads.count_of(kind));
                 self.listed(Stream::Workloads(kind), scope);
             }
         }
