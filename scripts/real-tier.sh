@@ -6,11 +6,12 @@
 #
 # 1. Builds (or reuses) the control plane (scripts/install-control-plane.sh) and helm
 #    (scripts/install-helm.sh), and starts the control plane (scripts/control-plane.sh).
-# 2. Has the real API server judge the chart: the quick start's values, the single-node values
-#    and the cert-manager values (with cert-manager's CRDs applied, no controller) are rendered
+# 2. Has the real API server judge the chart: the quick start's values, the single-node values,
+#    the cert-manager values (with cert-manager's CRDs applied, no controller) and the scenarios'
+#    configured workload kinds (tests/data/crds/kinds.json) are rendered
 #    with helm and applied with `kubectl apply --server-side --dry-run=server`; then the quick
 #    start's install with `webhook.url` (development: nothing reaches a Service without
-#    kube-proxy) is applied for real.
+#    kube-proxy) and those workload kinds is applied for real.
 # 3. Runs `confighash serve` as a local process, with the chart's own arguments, authenticated
 #    as the chart's ServiceAccount with a token from the TokenRequest API: the chart's RBAC is
 #    exactly what it gets. It makes its certificate (with --self-signed-name 127.0.0.1) and writes
@@ -131,9 +132,13 @@ apply_dry() { # what values...
 apply_dry quick-start
 apply_dry single-node --set replicaCount=1 --set podDisruptionBudget.enabled=false
 apply_dry cert-manager --set certificates.mode=certManager
+apply_dry workload-kinds --set-json "workloadKinds=$(tr -d '\n' <"$ROOT/tests/data/crds/kinds.json")"
 
+# The scenarios' configured workload kinds (tests/e2e/configured_kinds.rs): their CRDs are
+# applied by the scenarios, one of them only after confighash started.
 render --set "webhook.url=https://127.0.0.1:$WEBHOOK_PORT/mutate" \
     --set "watcher.debounce=$DEBOUNCE" --set "watcher.flapThreshold=$FLAP_THRESHOLD" \
+    --set-json "workloadKinds=$(tr -d '\n' <"$ROOT/tests/data/crds/kinds.json")" \
     --set log.format=text >"$STATE/chart-install.yaml"
 "${KUBECTL[@]}" apply --server-side --field-manager helm -f "$STATE/chart-install.yaml" >/dev/null ||
     fail "the chart does not apply"

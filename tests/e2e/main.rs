@@ -13,6 +13,7 @@ mod flap;
 mod gitops;
 mod lifecycle;
 mod namespaces;
+mod operators;
 mod real_fault_run;
 mod real_faults;
 mod replace;
