@@ -83,6 +83,40 @@ fn json_of(report: &Report) -> Value {
     serde_json::from_str(&report.text).unwrap_or_else(|e| panic!("not JSON ({e}): {}", report.text))
 }
 
+/// A configured kind is explained as the built-in ones: found by its kind or plural with the
+/// flag, its webhook rules matched by the plural the cluster serves.
+#[tokio::test]
+async fn a_configured_kind_is_explained_with_the_flag() {
+    let Some(env) = stand_in(Setup::default()).await else {
+        return;
+    };
+    env.apply_crd("CloneSet").await;
+    env.namespace("shop", true).await;
+    env.config_map("shop", "web-config", &[("mode", "fast")])
+        .await;
+    env.workload("shop", "CloneSet", "web", &[("envFrom", "web-config")], json!({}))
+        .await;
+    let stamp = env.stamp("shop", "CloneSet", "web").await.unwrap();
+    let flag = "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template";
+    for kind in ["cloneset", "clonesets.apps.kruise.io"] {
+        let report = explain(&env, &["-n", "shop", &format!("{kind}/web"), flag]).await;
+        assert_eq!(report.code, explain::EXIT_UP_TO_DATE, "{report:?}");
+        let text = &report.text;
+        assert!(
+            text.starts_with("CloneSet shop/web\n  verdict: up-to-date\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("MutatingWebhookConfiguration confighash selects this workload"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("expected stamp: {stamp}")), "{text}");
+    }
+    // The namespace's table lists it among the workloads.
+    let table = explain(&env, &["-n", "shop", flag]).await;
+    assert!(table.text.contains("CloneSet"), "{}", table.text);
+}
+
 #[tokio::test]
 async fn up_to_date_after_a_config_change_rolled_it() {
     let Some(env) = stand_in(Setup::default()).await else {
