@@ -94,8 +94,14 @@ async fn a_configured_kind_is_explained_with_the_flag() {
     env.namespace("shop", true).await;
     env.config_map("shop", "web-config", &[("mode", "fast")])
         .await;
-    env.workload("shop", "CloneSet", "web", &[("envFrom", "web-config")], json!({}))
-        .await;
+    env.workload(
+        "shop",
+        "CloneSet",
+        "web",
+        &[("envFrom", "web-config")],
+        json!({}),
+    )
+    .await;
     let stamp = env.stamp("shop", "CloneSet", "web").await.unwrap();
     let flag = "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template";
     for kind in ["cloneset", "clonesets.apps.kruise.io"] {

@@ -137,6 +137,94 @@ fn stamps_the_first_design_vector_from_yaml() {
     assert_eq!(stamp_of(&yaml(&documents(&out)[1])), Some(VECTOR_1_SHOP));
 }
 
+/// A configured kind (`--workload-kind`, or its environment variable) is stamped at its pointer
+/// with the same stamp as a Deployment; without the flag it is left alone; an object of the kind
+/// with nothing at the pointer is left as it is, with a warning; a malformed flag names itself.
+#[test]
+fn stamps_a_configured_kind_at_its_pointer() {
+    let scaled_job = "\
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledJob
+metadata:
+  name: nightly
+spec:
+  jobTargetRef:
+    template:
+      spec:
+        restartPolicy: Never
+        containers:
+          - name: job
+            image: example/job:1
+            envFrom: [{configMapRef: {name: app-env}}]
+  triggers: [{type: cron, metadata: {start: 0 1 * * *}}]
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledJob
+metadata:
+  name: empty
+spec:
+  triggers: []
+";
+    let input = format!("{APP}{scaled_job}");
+    let flag = "--workload-kind=keda.sh/v1alpha1/ScaledJob=/spec/jobTargetRef/template";
+    let (out, stderr) = ok(
+        &["stamp", "--namespace", "default", "-f", "-", flag],
+        Some(&input),
+    );
+    let docs = documents(&out);
+    assert_eq!(docs.len(), 4);
+    assert_eq!(stamp_of(&yaml(&docs[1])), Some(VECTOR_1));
+    let job = yaml(&docs[2]);
+    assert_eq!(
+        job["spec"]["jobTargetRef"]["template"]["metadata"]["annotations"]["confighash.dev/checksum"],
+        VECTOR_1,
+        "the same recipe, at the kind's pointer"
+    );
+    assert_eq!(
+        docs[3],
+        scaled_job
+            .split("---\n")
+            .nth(2)
+            .map(|d| format!("---\n{d}"))
+            .unwrap()
+    );
+    assert!(
+        stderr.contains("ScaledJob")
+            && stderr.contains("empty")
+            && stderr.contains("left as it is"),
+        "{stderr}"
+    );
+    // The environment variable as the flag.
+    let (out, _) = ok_env(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        &[(
+            "CONFIGHASH_WORKLOAD_KIND",
+            "keda.sh/v1alpha1/ScaledJob=/spec/jobTargetRef/template",
+        )],
+        Some(&input),
+    );
+    assert_eq!(documents(&out)[2], docs[2]);
+    // Without it, a ScaledJob is not a workload.
+    let (out, _) = ok(
+        &["stamp", "--namespace", "default", "-f", "-"],
+        Some(&input),
+    );
+    assert!(!documents(&out)[2].contains("confighash.dev/checksum"));
+    let error = fails(
+        &[
+            "stamp",
+            "--namespace",
+            "default",
+            "-f",
+            "-",
+            "--workload-kind=ScaledJob",
+        ],
+        Some(&input),
+    );
+    assert!(error.contains("--workload-kind"), "{error}");
+}
+
 /// No silent `default`: a ConfigMap, Secret or workload that names no namespace, with no
 /// `--namespace`, is an error naming the document. `--namespace` reads its own environment
 /// variable, CONFIGHASH_STAMP_NAMESPACE, not `certs`' CONFIGHASH_NAMESPACE.
