@@ -608,8 +608,7 @@ async fn watch_workload_kinds(
                             tokio::spawn(watch_workloads(
                                 client.clone(),
                                 tx.clone(),
-                                kind,
-                                resource.clone(),
+                                (kind, resource.clone()),
                                 scope,
                                 errors,
                                 config.page_size,
@@ -636,8 +635,7 @@ async fn watch_workload_kinds(
 async fn watch_workloads(
     client: kube::Client,
     tx: mpsc::Sender<Input>,
-    kind: WorkloadKind,
-    resource: ApiResource,
+    (kind, resource): (WorkloadKind, ApiResource),
     scope: Option<String>,
     mut errors: WatchErrors,
     page_size: u32,

@@ -64,10 +64,10 @@ fn kept() -> &'static Keep {
     // process's life.
     static KEPT: RwLock<Option<(usize, &'static Keep)>> = RwLock::new(None);
     let count = confighash_core::kind::configured_count();
-    if let Some((built, keep)) = *KEPT.read().unwrap_or_else(|e| e.into_inner()) {
-        if built == count {
-            return keep;
-        }
+    if let Some((built, keep)) = *KEPT.read().unwrap_or_else(|e| e.into_inner())
+        && built == count
+    {
+        return keep;
     }
     let mut cached = KEPT.write().unwrap_or_else(|e| e.into_inner());
     let kinds = confighash_core::kind::every_kind();

@@ -205,6 +205,8 @@ struct Test {
     metrics: Arc<Metrics>,
     key: Arc<StampKey>,
     max_references: usize,
+    /// The kinds watched (`WatcherConfig::kinds`): each lists at the start.
+    kinds: Kinds,
     t0: Instant,
     /// The ConfigMaps and Secrets as the cluster has them, for the stamps the tests expect.
     cluster: BTreeMap<ConfigKey, StoredConfig>,
@@ -223,11 +225,13 @@ impl Test {
         let metrics = Arc::new(Metrics::new());
         let key = Arc::new(key_a());
         let max_references = config.max_references;
+        let kinds = config.kinds.clone();
         Test {
             state: State::new(config, key.clone(), metrics.clone(), wall0()),
             metrics,
             key,
             max_references,
+            kinds,
             t0: Instant::now(),
             cluster: BTreeMap::new(),
         }
@@ -300,7 +304,7 @@ impl Test {
             let relisted = Watched::Relisted(listed);
             effects.extend(self.feed(0.0, Input::Config(ConfigSource::Watch(kind), relisted)));
         }
-        for kind in WorkloadKind::BUILT_IN {
+        for kind in self.kinds.clone().iter() {
             let mut listed = HashSet::new();
             for w in workloads.iter().filter(|w| w.kind == kind) {
                 listed.insert(w.key());
@@ -461,6 +465,7 @@ fn app_env(level: &str) -> (ConfigKey, StoredConfig) {
     config_map(NS, "app-env", &[("LOG_LEVEL", level)])
 }
 
+mod configured_kinds;
 mod dry_run;
 mod events;
 mod flap;
