@@ -172,6 +172,36 @@ fn a_config_change_rolls_what_reads_it_and_names_the_keys() {
     );
 }
 
+/// A configured kind (`--workload-kind`) rolls like a Deployment; without the flag it is not a
+/// workload.
+#[test]
+fn a_configured_kind_rolls_with_the_flag() {
+    let clone_set = "
+---
+apiVersion: apps.kruise.io/v1alpha1
+kind: CloneSet
+metadata: {name: clone-web, namespace: shop}
+spec:
+  selector: {matchLabels: {app: clone-web}}
+  template:
+    metadata: {labels: {app: clone-web}}
+    spec:
+      containers:
+        - name: web
+          image: example/web:1
+          envFrom: [{configMapRef: {name: app-env}}]
+";
+    let base = base() + clone_set;
+    let head = base.replace("LOG_LEVEL: info", "LOG_LEVEL: debug");
+    let flag = "--workload-kind=apps.kruise.io/v1alpha1/CloneSet=/spec/template";
+    let (code, out, _) = diff(&base, &head, &[flag]);
+    assert_eq!(code, 1, "{out}");
+    let rolls = section(&out, "CloneSet shop/clone-web: rolls");
+    assert!(rolls.contains("ConfigMap app-env: keys LOG_LEVEL"), "{out}");
+    let (_, out, _) = diff(&base, &head, &[]);
+    assert!(!out.contains("clone-web"), "{out}");
+}
+
 #[test]
 fn a_template_change_rolls_as_itself() {
     let head = base().replace("image: api:1", "image: api:2");
