@@ -512,23 +512,32 @@ fn dockerfile_matches_the_manifests_and_ci() {
     }
 }
 
-/// `deploy/components/workload-kind`, the example of one more workload kind (CloneSet): with it
-/// the flag, both webhook entries' rules and the ClusterRole name the kind, as the checks of the
-/// code's requests and kinds require, and nothing else changes.
-#[test]
-fn the_workload_kind_component_adds_the_flag_the_rules_and_the_rbac() {
-    let Some(with) = kustomize_with_components(&["workload-kind"]) else {
+/// `deploy/` rendered with the component `name` and without it, each by identity; `None` (and it
+/// says so) when kubectl cannot render them.
+fn with_and_without(name: &str) -> Option<(BTreeMap<String, Value>, BTreeMap<String, Value>)> {
+    let Some(with) = kustomize_with_components(&[name]) else {
         println!("skipped: rendering the component needs kubectl on PATH");
-        return;
+        return None;
     };
     let with = by_identity(&documents(
-        "deploy/ with the workload-kind component",
+        &format!("deploy/ with the {name} component"),
         &with,
     ));
     let without = by_identity(&documents(
         "kubectl kustomize deploy/",
         &kustomize(&deploy_dir()).unwrap(),
     ));
+    Some((with, without))
+}
+
+/// `deploy/components/workload-kind`, the example of one more workload kind (CloneSet): with it
+/// the flag, both webhook entries' rules and the ClusterRole name the kind, as the checks of the
+/// code's requests and kinds require, and nothing else changes.
+#[test]
+fn the_workload_kind_component_adds_the_flag_the_rules_and_the_rbac() {
+    let Some((with, without)) = with_and_without("workload-kind") else {
+        return;
+    };
     assert_eq!(
         with.keys().collect::<Vec<_>>(),
         without.keys().collect::<Vec<_>>()
@@ -577,18 +586,9 @@ fn the_workload_kind_component_adds_the_flag_the_rules_and_the_rbac() {
 /// differs per distribution), the admin port's from the namespace `monitoring` only.
 #[test]
 fn the_network_policy_component_matches_the_deployment() {
-    let Some(with) = kustomize_with_components(&["network-policy"]) else {
-        println!("skipped: rendering the component needs kubectl on PATH");
+    let Some((with, without)) = with_and_without("network-policy") else {
         return;
     };
-    let with = by_identity(&documents(
-        "deploy/ with the network-policy component",
-        &with,
-    ));
-    let without = by_identity(&documents(
-        "kubectl kustomize deploy/",
-        &kustomize(&deploy_dir()).unwrap(),
-    ));
     assert!(
         without.values().all(|d| type_of(d).1 != "NetworkPolicy"),
         "deploy/ renders a NetworkPolicy without the component"
