@@ -388,15 +388,6 @@ impl Kinds {
         let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
         self.find(group, kind)
     }
-
-    /// The kind named `kind` (`Deployment`, `CloneSet`), if exactly one kind has that name.
-    pub fn named(&self, kind: &str) -> Option<WorkloadKind> {
-        let mut named = self.iter().filter(|k| k.kind().eq_ignore_ascii_case(kind));
-        match (named.next(), named.next()) {
-            (Some(k), None) => Some(k),
-            _ => None,
-        }
-    }
 }
 
 /// How many kinds were configured in this process so far: what was built from [`every_kind`]
@@ -499,7 +490,6 @@ mod tests {
             kinds.from_type("apps/v1", "StatefulSet"),
             Some(WorkloadKind::STATEFUL_SET)
         );
-        assert_eq!(kinds.named("cloneset"), Some(clone_set));
         assert_eq!(kinds.configured().collect::<Vec<_>>(), [clone_set]);
         assert_eq!(Kinds::built_in().find("apps.kruise.io", "CloneSet"), None);
 
