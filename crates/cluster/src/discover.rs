@@ -65,13 +65,7 @@ pub async fn workload_resource(
 
 /// A lower-case DNS label: what a CRD's plural must be.
 fn is_resource_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
+    confighash_core::refs::is_namespace_name(name)
 }
 
 #[cfg(test)]

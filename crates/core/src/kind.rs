@@ -216,24 +216,14 @@ pub const MAX_CONFIGURED: usize = 256;
 /// The most keys in a pod template's pointer.
 pub const MAX_POINTER_TOKENS: usize = 16;
 
-/// Lower-case DNS-1123 subdomain.
+/// An API group: a lower-case DNS-1123 subdomain.
 fn is_group(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
+    crate::refs::is_object_name(s)
 }
 
-/// Lower-case DNS-1123 label.
+/// A version: a lower-case DNS-1123 label.
 fn is_version(s: &str) -> bool {
-    !s.is_empty() && !s.contains('.') && is_group(s)
+    crate::refs::is_namespace_name(s)
 }
 
 fn is_kind(s: &str) -> bool {
