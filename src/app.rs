@@ -208,6 +208,11 @@ pub struct WatcherSettings {
     /// The flap guard's threshold (`--flap-threshold`) and period (`--flap-period`).
     pub flap_threshold: u32,
     pub flap_period: Duration,
+    /// Progressive waves: `--progressive-dependents`, `--progressive-timeout`,
+    /// `--progressive-settle`.
+    pub progressive_dependents: Option<usize>,
+    pub progressive_timeout: Duration,
+    pub progressive_settle: Duration,
 }
 
 /// Leader election among replicas.
@@ -275,6 +280,9 @@ impl Default for WatcherSettings {
             rollout_timeout: defaults.rollout_timeout,
             flap_threshold: defaults.flap_threshold,
             flap_period: defaults.flap_period,
+            progressive_dependents: defaults.progressive_dependents,
+            progressive_timeout: defaults.progressive_timeout,
+            progressive_settle: defaults.progressive_settle,
         }
     }
 }
@@ -560,6 +568,9 @@ impl App {
             rollout_timeout: watcher.rollout_timeout,
             flap_threshold: watcher.flap_threshold,
             flap_period: watcher.flap_period,
+            progressive_dependents: watcher.progressive_dependents,
+            progressive_timeout: watcher.progressive_timeout,
+            progressive_settle: watcher.progressive_settle,
             identity: identity(config),
             max_references: config.max_references,
             max_reference_bytes: config.max_reference_bytes,

@@ -337,6 +337,20 @@ pub struct ServeArgs {
     /// The period over which `--flap-threshold` counts an object's change windows.
     #[arg(long, env = "CONFIGHASH_FLAP_PERIOD", value_name = "DUR", default_value = "10m", value_parser = parse_duration)]
     pub flap_period: Duration,
+    /// Progressive waves for every ConfigMap or Secret with more than N dependents, as if it
+    /// were annotated `confighash.dev/rollout: progressive` (off by default: only annotated
+    /// objects).
+    #[arg(long, env = "CONFIGHASH_PROGRESSIVE_DEPENDENTS", value_name = "N")]
+    pub progressive_dependents: Option<usize>,
+    /// How long a workload of a progressive wave may take to finish its rollout healthy (new
+    /// pods Ready, none restarted) before the wave halts.
+    #[arg(long, env = "CONFIGHASH_PROGRESSIVE_TIMEOUT", value_name = "DUR", default_value = "5m", value_parser = parse_duration)]
+    pub progressive_timeout: Duration,
+    /// How long a workload's new pods must stay Ready, none restarted, after its rollout
+    /// completed before a progressive wave goes on (a container that crashes on its config a
+    /// moment after it starts can look Ready for that moment).
+    #[arg(long, env = "CONFIGHASH_PROGRESSIVE_SETTLE", value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    pub progressive_settle: Duration,
     /// Roll workloads when a required ConfigMap or Secret is deleted (by default the stamp is
     /// kept: new pods could not start anyway).
     #[arg(long, env = "CONFIGHASH_ROLL_ON_DELETE")]
@@ -454,6 +468,9 @@ impl ServeArgs {
                 rollout_timeout: self.rollout_timeout,
                 flap_threshold: self.flap_threshold,
                 flap_period: self.flap_period,
+                progressive_dependents: self.progressive_dependents,
+                progressive_timeout: self.progressive_timeout,
+                progressive_settle: self.progressive_settle,
                 ..WatcherSettings::default()
             },
             leader_election: LeaderElection {

@@ -60,3 +60,11 @@ pub const WOULD_ROLL_REASON: &str = "WouldRoll";
 pub const ROLLOUT_COMPLETE_REASON: &str = "RolloutComplete";
 /// The reason of the Warning Event on a workload whose rollout after a config change stalled.
 pub const ROLLOUT_STALLED_REASON: &str = "RolloutStalled";
+/// On a ConfigMap or Secret, with [`PROGRESSIVE`] as its value: a content change rolls its
+/// dependents in progressive waves (batches of 1, 2, 4, ... each after the one before finished
+/// healthy).
+pub const ROLLOUT_ANNOTATION: &str = "confighash.dev/rollout";
+/// The value of [`ROLLOUT_ANNOTATION`] that turns progressive waves on (exactly this).
+pub const PROGRESSIVE: &str = "progressive";
+/// The Warning Event on a config object and a workload when a progressive wave halts.
+pub const WAVE_HALTED_REASON: &str = "WaveHalted";

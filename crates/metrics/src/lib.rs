@@ -227,6 +227,8 @@ metrics! {
         "When the touches pending now will all have been sent, at --max-touches-per-second (whole seconds, rounded up): how long a wave of rollouts after a change of a widely used ConfigMap or Secret has to go";
     config_flapping: Gauge = Default::default(), "config_flapping_objects",
         "ConfigMaps and Secrets whose changes the flap guard holds back now (more than --flap-threshold change windows in --flap-period)";
+    waves_halted: Gauge = Default::default(), "waves_halted",
+        "Progressive waves halted now: a workload of the wave did not finish its rollout healthy, and the object's other dependents wait for its next content change";
     // 1 s to about 2.3 h.
     rollout_latency: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 14)), "config_change_to_rollout_complete_seconds",
         "From a config change seen on the watch to the rollout it caused reported complete";
@@ -585,6 +587,17 @@ impl Metrics {
         u64::try_from(self.config_flapping.get()).unwrap_or(0)
     }
 
+    /// How many progressive waves are halted now.
+    pub fn set_waves_halted(&self, count: usize) {
+        self.waves_halted
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// How many progressive waves are halted, as last set.
+    pub fn waves_halted(&self) -> u64 {
+        u64::try_from(self.waves_halted.get()).unwrap_or(0)
+    }
+
     /// How many rollouts are followed, as last set.
     pub fn rollouts_followed(&self) -> u64 {
         u64::try_from(self.rollouts_followed.get()).unwrap_or(0)
@@ -638,6 +651,7 @@ mod tests {
         zero("confighash_touches_in_flight");
         zero("confighash_rollouts_followed");
         zero("confighash_config_flapping_objects");
+        zero("confighash_waves_halted");
         zero("confighash_touch_wave_eta_seconds");
         zero("confighash_config_change_to_rollout_complete_seconds_count");
         for outcome in ROLLOUT_OUTCOMES {

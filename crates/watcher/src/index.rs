@@ -28,6 +28,9 @@ pub type ConfigKey = (String, ObjectRef);
 pub struct StoredConfig {
     pub resource_version: Box<str>,
     pub record: ObjectRecord,
+    /// Annotated `confighash.dev/rollout: progressive`: its content changes roll its dependents
+    /// in progressive waves. Not an input of the recipe.
+    pub progressive: bool,
 }
 
 impl StoredConfig {
@@ -35,6 +38,7 @@ impl StoredConfig {
         Ok(StoredConfig {
             resource_version: resource_version(cm.metadata.resource_version.as_deref()),
             record: ObjectRecord::config_map(cm)?,
+            progressive: is_progressive(cm.metadata.annotations.as_ref()),
         })
     }
 
@@ -42,8 +46,16 @@ impl StoredConfig {
         StoredConfig {
             resource_version: resource_version(secret.metadata.resource_version.as_deref()),
             record: ObjectRecord::secret(secret),
+            progressive: is_progressive(secret.metadata.annotations.as_ref()),
         }
     }
+}
+
+/// Whether an object's annotations carry `confighash.dev/rollout: progressive` (exactly).
+pub fn is_progressive(annotations: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    annotations
+        .and_then(|a| a.get(confighash_core::names::ROLLOUT_ANNOTATION))
+        .is_some_and(|v| v == confighash_core::names::PROGRESSIVE)
 }
 
 fn resource_version(rv: Option<&str>) -> Box<str> {
@@ -82,6 +94,7 @@ struct Held {
     resource_version: Option<NonZeroU64>,
     kind: ObjectKind,
     ignored: bool,
+    progressive: bool,
 }
 
 impl Held {
@@ -91,6 +104,7 @@ impl Held {
             resource_version: revision(&config.resource_version),
             kind,
             ignored: config.record.ignored,
+            progressive: config.progressive,
         }
     }
 
@@ -109,6 +123,7 @@ impl Held {
                 ignored: self.ignored,
                 digest: self.named.digest(),
             },
+            progressive: self.progressive,
         }
     }
 }
@@ -161,6 +176,7 @@ impl ConfigStore {
                     *old = Held::new(&object.name, kind, &config);
                 } else {
                     old.resource_version = rv;
+                    old.progressive = config.progressive;
                 }
                 changed
             }
@@ -200,6 +216,11 @@ impl ConfigStore {
         self.namespaces
             .get(namespace)?
             .find(hash, |h| h.is(object.kind, &object.name))
+    }
+
+    /// Whether an object is held and annotated `confighash.dev/rollout: progressive`.
+    pub fn is_progressive(&self, key: &ConfigKey) -> bool {
+        self.held(&key.0, &key.1).is_some_and(|h| h.progressive)
     }
 
     /// A copy of what is held of an object.

@@ -33,6 +33,7 @@ pub mod index;
 pub mod leader;
 pub mod memory;
 pub mod pace;
+pub mod pods;
 pub mod rollout;
 mod run;
 pub mod state;

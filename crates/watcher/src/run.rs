@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
@@ -20,9 +21,10 @@ use tracing::{Instrument, Span};
 
 use crate::index::{ConfigKey, StoredConfig, WorkloadEntry, WorkloadKey};
 use crate::leader::Leadership;
+use crate::pods::PodsVerdict;
 use crate::state::{
-    Believed, ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError, TouchResult,
-    WatchOf, WatcherConfig, WorkloadEvent, api_resource,
+    Believed, ConfigEvent, ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError,
+    TouchResult, WatchOf, WatcherConfig, WorkloadEvent, api_resource,
 };
 use confighash_cluster::redact;
 use confighash_cluster::watch::{Adapter, Watched, changes, events};
@@ -246,8 +248,68 @@ impl Shell {
                     ));
                 }
                 Effect::ReleaseMemory => crate::memory::release_free_heap(),
+                Effect::CheckPods { workload, stamp } => self.check_pods(workload, stamp),
+                Effect::ConfigEvent(event) => self.publish_on_config(event),
             }
         }
+    }
+
+    /// Looks at the pods of a workload a progressive wave judges, in a task of its own; the
+    /// result comes back as [`Input::PodsChecked`].
+    fn check_pods(&mut self, workload: WorkloadKey, stamp: String) {
+        let client = self.client.clone();
+        let tx = self.tx.clone();
+        let resource = self.served.resource(workload.kind.kind());
+        let span = tracing::debug_span!(parent: None, "pods", workload = %workload);
+        tokio::spawn(
+            async move {
+                let result = pods_of(&client, &resource, &workload, &stamp).await;
+                let _ = tx.send(Input::PodsChecked(workload, stamp, result)).await;
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Records an Event on a ConfigMap or Secret, with its uid (read from its metadata alone: a
+    /// Secret's data is never fetched for it), so `kubectl describe` shows it.
+    fn publish_on_config(&self, event: ConfigEvent) {
+        let recorder = self.recorder.clone();
+        let client = self.client.clone();
+        tokio::spawn(async move {
+            let (namespace, object) = &event.config;
+            let uid = match object.kind {
+                ObjectKind::ConfigMap => Api::<ConfigMap>::namespaced(client, namespace)
+                    .get_metadata_opt(&object.name)
+                    .await
+                    .map(|m| m.and_then(|m| m.metadata.uid)),
+                ObjectKind::Secret => Api::<Secret>::namespaced(client, namespace)
+                    .get_metadata_opt(&object.name)
+                    .await
+                    .map(|m| m.and_then(|m| m.metadata.uid)),
+            }
+            .ok()
+            .flatten();
+            let reference = ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some(object.kind.as_str().to_owned()),
+                name: Some(object.name.clone()),
+                namespace: Some(namespace.clone()),
+                uid,
+                ..Default::default()
+            };
+            let kube_event = KubeEvent {
+                type_: event.type_,
+                reason: event.reason.to_owned(),
+                note: Some(event.note),
+                action: event.action.to_owned(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&kube_event, &reference).await {
+                let error = redact::kube_error(&e);
+                tracing::warn!(object = %object, namespace, reason = event.reason,
+                    error = %error, "cannot record the Event");
+            }
+        });
     }
 
     /// Patches the workload in its own task, inside one span that names it and what changed;
@@ -793,6 +855,43 @@ async fn read_afresh(
         .await
         .into_iter()
         .collect()
+}
+
+/// The most pods of one workload looked at: beyond it, the first ones judge.
+const MAX_PODS_LOOKED_AT: usize = 5000;
+
+/// The pods of a workload (by its selector) judged on `stamp` ([`crate::pods::judge`]).
+async fn pods_of(
+    client: &kube::Client,
+    resource: &ApiResource,
+    key: &WorkloadKey,
+    stamp: &str,
+) -> Result<PodsVerdict, TouchError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &key.namespace, resource);
+    let Some(workload) = api.get_opt(&key.name).await.map_err(|e| touch_error(&e))? else {
+        return Ok(PodsVerdict::Ready { pods: 0 });
+    };
+    let selector = workload
+        .data
+        .pointer("/spec/selector")
+        .cloned()
+        .and_then(|s| serde_json::from_value::<LabelSelector>(s).ok())
+        .and_then(|s| kube::core::Selector::try_from(s).ok())
+        .ok_or_else(|| TouchError::Other("the workload has no usable spec.selector".to_owned()))?;
+    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
+    let mut params = ListParams::default().labels_from(&selector).limit(500);
+    let mut pods = Vec::new();
+    loop {
+        let page = pods_api.list(&params).await.map_err(|e| touch_error(&e))?;
+        pods.extend(page.items);
+        match page.metadata.continue_ {
+            Some(next) if !next.is_empty() && pods.len() < MAX_PODS_LOOKED_AT => {
+                params = params.continue_token(&next);
+            }
+            _ => break,
+        }
+    }
+    Ok(crate::pods::judge(stamp, &pods))
 }
 
 /// A failed request as a touch's error: refused (403) or anything else, redacted.

@@ -21,6 +21,8 @@ use crate::index::{
     ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
 };
 use crate::pace::{ChangeWindow, Pacer, Wait};
+use crate::pods::PodsVerdict;
+use crate::rollout::Progress;
 use confighash_cluster::watch::Watched;
 use confighash_core::checksum::StampKey;
 use confighash_core::refs::ObjectKind;
@@ -33,7 +35,9 @@ mod dry_run;
 mod follow;
 mod touch;
 mod watches;
+mod wave;
 pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
+pub use wave::{DEFAULT_PROGRESSIVE_SETTLE, DEFAULT_PROGRESSIVE_TIMEOUT, Halt, WAVE_CHECK_EVERY};
 
 pub use confighash_core::names::{
     CONFIG_CHANGED_REASON, CONFIG_FLAPPING_REASON, REFERENCES_TOO_LARGE_REASON,
@@ -106,6 +110,15 @@ pub struct WatcherConfig {
     pub watch_namespaces: Option<BTreeSet<String>>,
     /// The kinds watched and touched: the built-in kinds and `--workload-kind`.
     pub kinds: Kinds,
+    /// `--progressive-dependents`: objects with more dependents than this roll in progressive
+    /// waves as if annotated ([`wave`]); `None`: only annotated ones.
+    pub progressive_dependents: Option<usize>,
+    /// `--progressive-timeout`: how long a workload of a wave may take to finish its rollout
+    /// healthy before the wave halts.
+    pub progressive_timeout: Duration,
+    /// `--progressive-settle`: how long a workload's new pods must stay Ready, not restarted,
+    /// after its rollout completed, before the wave goes on.
+    pub progressive_settle: Duration,
 }
 
 impl Default for WatcherConfig {
@@ -129,6 +142,9 @@ impl Default for WatcherConfig {
             flap_period: DEFAULT_FLAP_PERIOD,
             watch_namespaces: None,
             kinds: Kinds::built_in(),
+            progressive_dependents: None,
+            progressive_timeout: DEFAULT_PROGRESSIVE_TIMEOUT,
+            progressive_settle: DEFAULT_PROGRESSIVE_SETTLE,
         }
     }
 }
@@ -179,6 +195,9 @@ pub enum Input {
         WorkloadKey,
         Result<Vec<(ConfigKey, Option<StoredConfig>)>, TouchError>,
     ),
+    /// The pods of a workload a progressive wave judges were looked at ([`Effect::CheckPods`]):
+    /// on the stamp asked about, what they showed, or why they could not be read.
+    PodsChecked(WorkloadKey, String, Result<PodsVerdict, TouchError>),
     /// Nothing new: do what is due ([`State::next_wake`]).
     Wake,
 }
@@ -253,6 +272,24 @@ pub enum Effect {
     /// A list of many ConfigMaps or Secrets passed through and only digests stayed: give the
     /// free heap back.
     ReleaseMemory,
+    /// Look at the pods of a workload whose template carries `stamp` ([`crate::pods`]); report
+    /// with [`Input::PodsChecked`].
+    CheckPods {
+        workload: WorkloadKey,
+        stamp: String,
+    },
+    /// Record a Kubernetes Event on a ConfigMap or Secret.
+    ConfigEvent(ConfigEvent),
+}
+
+/// A Kubernetes Event on a ConfigMap or Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigEvent {
+    pub config: ConfigKey,
+    pub type_: EventType,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
 }
 
 /// A touch to make.
@@ -472,6 +509,12 @@ pub struct State {
     /// What is known of each workload besides its index entry, one record each: forgetting a
     /// workload is one `remove` ([`State::forget`]).
     per_workload: HashMap<WorkloadKey, WorkloadState>,
+    /// The progressive waves under way, by object ([`wave`]).
+    waves: HashMap<ConfigKey, wave::Wave>,
+    /// Waves to look at again at the next tick: something of theirs changed.
+    waves_dirty: HashSet<ConfigKey>,
+    /// Workloads whose pods are being looked at for a wave.
+    pod_checks: HashSet<WorkloadKey>,
     /// Not leading, with backoffs or reads afresh possibly left over (leadership just lost, or a
     /// result came back after it was): cleared at the next tick, which a new leader starts
     /// without.
@@ -515,6 +558,9 @@ impl State {
             following: HashMap::new(),
             effects: Vec::new(),
             per_workload: HashMap::new(),
+            waves: HashMap::new(),
+            waves_dirty: HashSet::new(),
+            pod_checks: HashSet::new(),
             stale_leader_work: false,
         }
     }
@@ -553,6 +599,7 @@ impl State {
             .min();
         // The deadline of a followed rollout wakes it too.
         let pending = pending.into_iter().chain(self.next_follow_deadline()).min();
+        let pending = pending.into_iter().chain(self.next_wave_wake()).min();
         [
             self.window.closes_at(),
             pending,
@@ -606,6 +653,7 @@ impl State {
             Input::Key(key) => self.key = key,
             Input::Touched(key, result) => self.touched(key, result, now),
             Input::Rechecked(key, result) => self.rechecked(key, result, now),
+            Input::PodsChecked(key, stamp, result) => self.pods_checked(key, stamp, result, now),
             Input::Wake => {}
         }
         self.tick(now);

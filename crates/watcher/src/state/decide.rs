@@ -137,6 +137,7 @@ impl State {
             self.window_closed(changes, seen, now);
         }
         self.flap_intervals_due(now);
+        self.waves_due(now);
         self.touch_due(now);
         self.follow_due(now);
         self.pacer.forget_old(now);
@@ -146,13 +147,10 @@ impl State {
     /// should not be touched. A workload whose references hold more than
     /// `--max-reference-bytes` gets a Warning Event each time it goes over.
     pub(super) fn decide(&mut self, key: &WorkloadKey, trigger: Trigger<'_>) -> Option<String> {
-        let entry = self.workloads.get(key)?;
-        if !(self.namespaces.contains_key(&key.namespace) || self.opts_in(key, entry))
-            || self.backfills.contains_key(&key.namespace)
-            || self.terminating.contains(&key.namespace)
-        {
+        if !self.handles(key) {
             return None;
         }
+        let entry = self.workloads.get(key)?;
         let stamp_key = &self.key;
         let current = Current {
             stamp: entry.stamp.as_deref(),
@@ -200,6 +198,16 @@ impl State {
             }
         }
         stamp
+    }
+
+    /// Whether the watcher handles `key` now: it is known, its namespace (or the workload
+    /// itself) opted in, and its namespace is neither being listed nor terminating.
+    pub(super) fn handles(&self, key: &WorkloadKey) -> bool {
+        self.workloads.get(key).is_some_and(|entry| {
+            (self.namespaces.contains_key(&key.namespace) || self.opts_in(key, entry))
+                && !self.backfills.contains_key(&key.namespace)
+                && !self.terminating.contains(&key.namespace)
+        })
     }
 
     pub(super) fn window_closed(

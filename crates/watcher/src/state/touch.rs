@@ -68,6 +68,11 @@ impl State {
                 p.due = Some(until);
                 continue;
             }
+            if self.wave_holds(&key, now) {
+                // Its wave releases it in its batch, with a pending touch of its own.
+                self.pending.remove(&key);
+                continue;
+            }
             // Recomputed now: the webhook or another change may already have set it.
             let trigger = match self.pending.get(&key) {
                 Some(p) if p.changed.is_empty() => Trigger::Reconcile,

@@ -236,6 +236,7 @@ impl State {
                 let opts_in = self.opts_in(&key, &entry);
                 self.follow_watched(&key, &entry, now);
                 self.workloads.upsert(key.clone(), entry);
+                self.wave_member_changed(&key);
                 self.metrics
                     .set_watched(kind.kind(), self.workloads.count_of(kind));
                 self.workload_opt_in(&key, opts_in);
@@ -248,6 +249,7 @@ impl State {
                 }
             }
             Watched::Applied(key, None) | Watched::Deleted(key) => {
+                self.wave_member_changed(&key);
                 self.forget(&key);
                 self.workloads.remove(&key);
                 self.metrics
