@@ -139,6 +139,11 @@ impl State {
         self.flap_intervals_due(now);
         self.waves_due(now);
         self.touch_due(now);
+        if !self.waves_dirty.is_empty() {
+            // Touches due just started waves (or started them over): their first batches go now.
+            self.waves_due(now);
+            self.touch_due(now);
+        }
         self.follow_due(now);
         self.pacer.forget_old(now);
     }

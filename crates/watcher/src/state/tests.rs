@@ -169,11 +169,18 @@ impl W {
                 "labels": self.labels,
                 "annotations": self.annotations,
             },
-            "spec": {"template": {
-                "metadata": {"annotations": template_annotations},
-                "spec": {"containers": [{"name": "app", "image": "app", "envFrom": env_from}]},
-            }},
+            "spec": {},
         });
+        // The pod template where the kind has it (`spec.template`, a CronJob's
+        // `spec.jobTemplate.spec.template`).
+        let mut template = json!({
+            "metadata": {"annotations": template_annotations},
+            "spec": {"containers": [{"name": "app", "image": "app", "envFrom": env_from}]},
+        });
+        for token in self.kind.template_path().iter().skip(1).rev() {
+            template = json!({ *token: template });
+        }
+        obj["spec"] = template;
         if self.on_delete {
             obj["spec"]["updateStrategy"] = json!({"type": "OnDelete"});
         }
@@ -479,4 +486,5 @@ mod retries;
 mod rollouts;
 mod scope;
 mod terminating;
+mod waves;
 mod windows;
