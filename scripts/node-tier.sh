@@ -75,7 +75,7 @@ status=0
 NODE_KUBECTL="$BIN/kubectl" NODE_HELM="$HELM" NODE_CHART="$ROOT/charts/confighash" NODE_DEPLOY="$ROOT/deploy" \
     NODE_AUDIT_LOG="$STATE/control-plane/audit.log" NODE_IMAGE_REPOSITORY="$REPOSITORY" NODE_IMAGE_TAG="$TAG" \
     NODE_IMAGE_NEXT_TAG="$NEXT_TAG" NODE_APP_IMAGE="$(cat "$NODE_BIN/images/app.name")" NODE_EXAMPLES="$ROOT/examples" \
-    NODE_SH="$HERE/node.sh" NODE_COUNT="$nodes" NODE_STATE="$STATE" KUBECONFIG="$STATE/control-plane/admin.kubeconfig" \
+    NODE_SH="$HERE/node.sh" NODE_CONFIGHASH="$ROOT/target/release/confighash" NODE_COUNT="$nodes" NODE_STATE="$STATE" KUBECONFIG="$STATE/control-plane/admin.kubeconfig" \
     HELM_CACHE_HOME="$STATE/helm/cache" HELM_CONFIG_HOME="$STATE/helm/config" HELM_DATA_HOME="$STATE/helm/data" \
     "$HERE/node.sh" run python3 "$CHECKS" || status=$?
 phase "the checks: exit $status"

@@ -199,6 +199,9 @@ impl ClusterReader {
                             field_managers: crate::explain::observed::field_managers(
                                 cm.metadata.managed_fields.as_deref(),
                             ),
+                            progressive: confighash_watcher::index::is_progressive(
+                                cm.metadata.annotations.as_ref(),
+                            ),
                         }),
                         Err(e) => Read::Failed(e.to_string()),
                     },
@@ -215,6 +218,9 @@ impl ClusterReader {
                         resource_version: secret.metadata.resource_version.clone(),
                         field_managers: crate::explain::observed::field_managers(
                             secret.metadata.managed_fields.as_deref(),
+                        ),
+                        progressive: confighash_watcher::index::is_progressive(
+                            secret.metadata.annotations.as_ref(),
                         ),
                     }),
                     Read::Absent => Read::Absent,

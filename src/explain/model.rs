@@ -18,6 +18,7 @@ use crate::core::names::{
     DEFAULT_MAX_REFERENCE_BYTES, ENABLED_LABEL, UNSTAMPED_ANNOTATION, UNSTAMPED_LOOKUP_FAILED,
     UNSTAMPED_TOO_LARGE, UNSTAMPED_TOO_MANY_REFERENCES,
 };
+use crate::core::names::{PROGRESSIVE, ROLLOUT_ANNOTATION};
 use crate::core::record::ObjectRecord;
 use crate::core::refs::{ObjectRef, Selection};
 use crate::core::rules::{self, Current, Lookup, Outcome, Trigger};
@@ -74,6 +75,8 @@ pub struct RefObject {
     pub resource_version: Option<String>,
     /// From `metadata.managedFields`.
     pub field_managers: Vec<FieldManager>,
+    /// Annotated `confighash.dev/rollout: progressive`: its changes roll in progressive waves.
+    pub progressive: bool,
 }
 
 /// Where the installation's key comes from.
@@ -259,6 +262,8 @@ pub struct Reference {
     /// Selected keys the object does not have.
     pub absent_keys: Vec<String>,
     pub field_managers: Vec<FieldManager>,
+    /// Annotated `confighash.dev/rollout: progressive` (found objects only).
+    pub progressive: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -647,12 +652,19 @@ fn stamp_verdict(
             "foreign" => foreign(),
             _ => (
                 Verdict::Stale,
-                "the stamp was made with this installation's key but differs from the expected \
-                 stamp: a referenced object changed since. The watcher touches the workload when \
-                 the change window after a change closes, and its reconcile compares every \
-                 workload each --resync; whether a touch is pending in the leader's memory is not \
-                 visible from the API (the Events below show what was recorded)"
-                    .to_owned(),
+                match wave_reason(facts, references) {
+                    Some(wave) => format!(
+                        "the stamp was made with this installation's key but differs from the \
+                         expected stamp: a referenced object changed since. {wave}"
+                    ),
+                    None => "the stamp was made with this installation's key but differs from \
+                             the expected stamp: a referenced object changed since. The watcher \
+                             touches the workload when the change window after a change closes, \
+                             and its reconcile compares every workload each --resync; whether a \
+                             touch is pending in the leader's memory is not visible from the API \
+                             (the Events below show what was recorded)"
+                        .to_owned(),
+                },
             ),
         },
         // The rules never keep on error here (every reference was read) nor skip (the opt-out is
@@ -663,6 +675,40 @@ fn stamp_verdict(
             _ => (Verdict::Unknown, unknown_reason(facts, references, unread)),
         },
     }
+}
+
+/// Where a stale workload stands in the progressive wave of a reference, if one is marked
+/// progressive: behind a wave halted on that object's current content (its `WaveHalted` Event,
+/// which names the content's resourceVersion), or waiting for its batch.
+fn wave_reason(facts: &Facts, references: &[Reference]) -> Option<String> {
+    let progressive: Vec<&Reference> = references
+        .iter()
+        .filter(|r| r.progressive && r.state == "found")
+        .collect();
+    let first = progressive.first()?;
+    let events = facts.events.found().map(Vec::as_slice).unwrap_or_default();
+    for r in &progressive {
+        let Some(rv) = &r.resource_version else {
+            continue;
+        };
+        let halted =
+            crate::explain::observed::wave_halted(events, r.kind, &facts.namespace, &r.name, rv);
+        if let Some(note) = halted {
+            return Some(format!(
+                "It waits behind the halted progressive wave of {} {} ({ROLLOUT_ANNOTATION}: \
+                 {PROGRESSIVE}): the watcher touches none of its dependents for this content; \
+                 the object's next content change starts a new wave (a write of the workload \
+                 itself is still stamped by the webhook). The WaveHalted Event: {note}",
+                r.kind, r.name
+            ));
+        }
+    }
+    Some(format!(
+        "{} {} rolls its dependents in progressive waves ({ROLLOUT_ANNOTATION}: {PROGRESSIVE}): \
+         the watcher touches this workload when its batch comes, once every workload of the \
+         batches before it finished its rollout healthy",
+        first.kind, first.name
+    ))
 }
 
 fn unstamped_reason(marker: Option<&str>) -> String {
@@ -892,9 +938,11 @@ fn reference(
         bytes: None,
         absent_keys: Vec::new(),
         field_managers: Vec::new(),
+        progressive: false,
     };
     if let Some(Read::Found(object)) = read {
         reference.resource_version = object.resource_version.clone();
+        reference.progressive = object.progressive;
         reference.field_managers = object.field_managers.clone();
         if object.entry.ignored {
             reference.state = "ignored";

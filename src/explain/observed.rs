@@ -14,7 +14,7 @@ use crate::core::workload::WorkloadKind;
 /// The Events shown, newest last.
 pub const MAX_EVENTS: usize = 5;
 /// The reasons of the Events confighash records on workloads.
-pub const EVENT_REASONS: [&str; 8] = [
+pub const EVENT_REASONS: [&str; 9] = [
     crate::core::names::CONFIG_CHANGED_REASON,
     crate::core::names::TOUCH_FAILED_REASON,
     crate::core::names::TOO_MANY_REFERENCES_REASON,
@@ -23,6 +23,7 @@ pub const EVENT_REASONS: [&str; 8] = [
     crate::core::names::WOULD_ROLL_REASON,
     crate::core::names::ROLLOUT_COMPLETE_REASON,
     crate::core::names::ROLLOUT_STALLED_REASON,
+    crate::core::names::WAVE_HALTED_REASON,
 ];
 
 /// One entry of `metadata.managedFields`.
@@ -159,6 +160,31 @@ pub fn recorded_events(
     found.sort_by_key(|a| a.0);
     let skip = found.len().saturating_sub(MAX_EVENTS);
     found.into_iter().skip(skip).map(|(_, e)| e).collect()
+}
+
+/// The note of the newest `WaveHalted` Event confighash recorded on a ConfigMap or Secret for
+/// the content of resourceVersion `resource_version` (its note names it), if any.
+pub fn wave_halted(
+    events: &[Event],
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    resource_version: &str,
+) -> Option<String> {
+    let names = format!("(resourceVersion {resource_version})");
+    events
+        .iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some(kind)
+                    && r.name.as_deref() == Some(name)
+                    && r.namespace.as_deref().is_none_or(|ns| ns == namespace)
+            }) && e.reporting_controller.as_deref() == Some(FIELD_MANAGER)
+                && e.reason.as_deref() == Some(crate::core::names::WAVE_HALTED_REASON)
+                && e.note.as_deref().is_some_and(|n| n.contains(&names))
+        })
+        .max_by_key(|e| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .and_then(|e| e.note.clone())
 }
 
 /// The rollout's state from the workload's status.

@@ -72,6 +72,7 @@ fn config_map(data: &[(&str, &str)], annotations: &[(&str, &str)]) -> RefObject 
         entry: ObjectRecord::config_map(&cm).unwrap(),
         resource_version: cm.metadata.resource_version.clone(),
         field_managers: observed::field_managers(cm.metadata.managed_fields.as_deref()),
+        progressive: confighash_watcher::index::is_progressive(cm.metadata.annotations.as_ref()),
     }
 }
 
@@ -85,6 +86,7 @@ fn secret(value: &str) -> RefObject {
         entry: ObjectRecord::secret(&s),
         resource_version: s.metadata.resource_version.clone(),
         field_managers: Vec::new(),
+        progressive: false,
     }
 }
 

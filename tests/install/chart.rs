@@ -1338,6 +1338,7 @@ fn the_monitoring_kit_uses_exported_metrics() {
             "ConfighashWebhookBypassed",
             "ConfighashRolloutsStalled",
             "ConfighashConfigFlapping",
+            "ConfighashWaveHalted",
         ])
     );
     let dashboard: Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");

@@ -31,6 +31,7 @@ NODE_SH = os.environ["NODE_SH"]
 NODES = int(os.environ.get("NODE_COUNT", "1"))
 STATE = os.environ["NODE_STATE"]
 ONLY = [s for s in os.environ.get("NODE_ONLY", "").split(",") if s]
+CONFIGHASH = os.environ["NODE_CONFIGHASH"]
 
 NS = "confighash"
 RELEASE = "confighash"
@@ -472,6 +473,134 @@ def test_a_rollout_whose_new_pods_crash_is_recorded_stalled():
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
+WAVE_NS = "tier-wave"
+WAVE_SIZE = 20
+
+
+def wave_objects(ns, size):
+    """`size` Deployments of the app, one replica each, reading the progressive ConfigMap `shared`
+    through a subPath mount (never refreshed in place: a pod shows the config it started with).
+    No readiness probe: a container that exits on its config may look Ready for an instant, which
+    the wave must not take for health."""
+    objects = [{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shared", "namespace": ns, "annotations": {"confighash.dev/rollout": "progressive"}},
+        "data": {"config.yml": "broken: false\nversion: 1\n"},
+    }]
+    for i in range(size):
+        name = f"w{i:02d}"
+        objects.append({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "replicas": 1, "selector": {"matchLabels": {"app": name}},
+                "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "command": ["/bin/tier-app"],
+                                    "env": [{"name": "APP_FILES", "value": "/etc/app/config.yml"}],
+                                    "volumeMounts": [{"name": "config", "mountPath": "/etc/app/config.yml", "subPath": "config.yml"}]}],
+                    "volumes": [{"name": "config", "configMap": {"name": "shared"}}]}},
+            },
+        })
+    return objects
+
+
+def wave_names():
+    return [f"w{i:02d}" for i in range(WAVE_SIZE)]
+
+
+def serving(ns, name):
+    """The config the running, Ready pods of a Deployment read (inside their containers)."""
+    out = []
+    for p in pods(ns, f"app={name}"):
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        if ready:
+            out.append(read_in(ns, p["metadata"]["name"], "app", "cat", "/etc/app/config.yml"))
+    return out
+
+
+def wave_rolled(ns, revisions, want):
+    """Whether every Deployment is at its revision in `want` (a dict name -> revision) and rolled out."""
+    return all(revision(ns, "deployment", n) == want[n] and rolled_out(ns, "deployment", n) for n in revisions)
+
+
+def test_progressive_wave_halts_a_broken_config_at_the_first_workload():
+    """20 Deployments share a ConfigMap marked progressive. A broken change rolls exactly one of
+    them, whose new pod crash-loops; the wave halts (WaveHalted on the ConfigMap and on that
+    Deployment, confighash_waves_halted 1) and the 19 others keep serving the old config, read
+    inside their containers. The fix rolls all 20 once, batch by batch; then a good change rolls
+    all 20 once more while the leader is deleted in the middle of the wave."""
+    ns = WAVE_NS
+    kubectl("create", "namespace", ns)
+    kubectl("label", "namespace", ns, "confighash.dev/enabled=true")
+    apply(wave_objects(ns, WAVE_SIZE))
+    names = wave_names()
+    wait("the 20 Deployments rolled out", lambda: all(rolled_out(ns, "deployment", n) for n in names), 300, every=2)
+    base = {n: revision(ns, "deployment", n) for n in names}
+    stamps = {n: stamp(ns, "deployment", n) for n in names}
+    check(all(stamps.values()), "a Deployment of the wave is not stamped at CREATE")
+
+    # The broken change.
+    offset = audit_offset()
+    changed = time.monotonic()
+    set_config_map(ns, "shared", "config.yml", "broken: true\nversion: 2\n")
+    wait("WaveHalted on the ConfigMap", lambda: events(ns, "shared", "WaveHalted") >= 1, 400, every=1)
+    halted_after = time.monotonic() - changed
+    rolled = [n for n in names if revision(ns, "deployment", n) != base[n]]
+    check(rolled == ["w00"], f"the broken change rolled {rolled}, not the first dependent alone")
+    check(events(ns, "w00", "WaveHalted") == 1, "no WaveHalted on the halted Deployment")
+    looping = [p for p in kj("-n", ns, "get", "pods", "-l", "app=w00")["items"]
+               if any(c.get("restartCount", 0) > 0 for c in p["status"].get("containerStatuses", []))]
+    check(looping, "the halted Deployment's new pod did not restart")
+    halted_gauge = pod_metric(next(p for p in confighash_pods() if p["metadata"]["name"] == leader()), "confighash_waves_halted")
+    check(halted_gauge == 1, f"confighash_waves_halted is {halted_gauge} on the leader")
+    # explain of a Deployment that waits says why.
+    explained = run(CONFIGHASH, "explain", "-n", ns, "deployment/w05", check=False).stdout
+    check("waits behind the halted progressive wave" in " ".join(explained.split()), f"explain of a waiting Deployment: {explained[-1200:]}")
+    untouched = [n for n in names[1:] if revision(ns, "deployment", n) == base[n] and stamp(ns, "deployment", n) == stamps[n]]
+    check(len(untouched) == 19, f"only {len(untouched)} of the 19 others untouched")
+    for n in names[1:]:
+        configs = serving(ns, n)
+        check(configs and all("version: 1" in c and "broken: false" in c for c in configs), f"{n} does not serve the old config: {configs}")
+    writes = writes_since(offset, ns)
+    check(writes == [(ns, "deployments", "w00")], f"confighash's writes for the broken change: {writes}")
+    log(f"wave: broken change to halt {halted_after:.1f} s; 1 rolled, 19 untouched serving version 1")
+
+    # The fix: a new wave from the first dependent, w00 included; each of the 20 rolls once.
+    offset = audit_offset()
+    changed = time.monotonic()
+    set_config_map(ns, "shared", "config.yml", "broken: false\nversion: 3\n")
+    want = {n: base[n] + (2 if n == "w00" else 1) for n in names}
+    wait("the fix rolled all 20", lambda: wave_rolled(ns, names, want), 900, every=1)
+    fixed_after = time.monotonic() - changed
+    writes = writes_since(offset, ns)
+    check(sorted(writes) == sorted((ns, "deployments", n) for n in names), f"confighash's writes for the fix: {writes}")
+    for n in names:
+        configs = serving(ns, n)
+        check(configs and all("version: 3" in c for c in configs), f"{n} does not serve the fix: {configs}")
+    halted_gauge = pod_metric(next(p for p in confighash_pods() if p["metadata"]["name"] == leader()), "confighash_waves_halted")
+    check(halted_gauge == 0, f"confighash_waves_halted is {halted_gauge} after the fix")
+    log(f"wave: fix to the last of 20 rollouts {fixed_after:.1f} s, each rolled once")
+
+    # A good change, the leader deleted once the second batch has rolled: the new leader resumes
+    # from the stamps and touches no Deployment twice.
+    offset = audit_offset()
+    base = {n: revision(ns, "deployment", n) for n in names}
+    changed = time.monotonic()
+    set_config_map(ns, "shared", "config.yml", "broken: false\nversion: 4\n")
+    wait("the first two batches rolled", lambda: sum(revision(ns, "deployment", n) != base[n] for n in names) >= 3, 300, every=1)
+    old_leader = leader()
+    kubectl("-n", NS, "delete", "pod", old_leader, "--wait=false")
+    want = {n: base[n] + 1 for n in names}
+    wait("the good change rolled all 20", lambda: wave_rolled(ns, names, want), 900, every=1)
+    good_after = time.monotonic() - changed
+    writes = writes_since(offset, ns)
+    check(sorted(writes) == sorted((ns, "deployments", n) for n in names), f"confighash's writes for the good change: {writes}")
+    check(leader() != old_leader, "the leader did not change")
+    log(f"wave: good change with the leader deleted mid-wave to the last of 20 rollouts {good_after:.1f} s, each rolled once")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
 def test_secret_env_change_rolls_searxng_once():
     d = kj("-n", "searxng", "get", "deployment", "searxng")
     env = d["spec"]["template"]["spec"]["containers"][0].get("env", [])
@@ -676,6 +805,7 @@ TESTS = [
     test_config_map_change_rolls_homer_once,
     test_the_rollout_of_a_change_is_recorded_complete,
     test_a_rollout_whose_new_pods_crash_is_recorded_stalled,
+    test_progressive_wave_halts_a_broken_config_at_the_first_workload,
     test_secret_env_change_rolls_searxng_once,
     test_env_from_secret_rolls_litellm_once,
     test_label_only_and_identical_rewrites_roll_nothing,

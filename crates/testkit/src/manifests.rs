@@ -1145,6 +1145,8 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
         // crates/watcher/src/run.rs: watches of Namespaces, cluster-wide.
         req("list", "", "namespaces", None, None),
         req("watch", "", "namespaces", None, None),
+        // crates/watcher/src/run.rs: a progressive wave lists a workload's pods by its selector.
+        req("list", "", "pods", app, None),
         // kube's Recorder: an events.k8s.io Event, patched when it repeats.
         req("create", EVENTS, "events", app, None),
         req("patch", EVENTS, "events", app, Some("web.17a2b3c4d5e6f708")),
