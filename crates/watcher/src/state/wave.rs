@@ -244,15 +244,15 @@ impl State {
             .waves
             .iter()
             .filter(|(k, w)| {
-                self.waves_dirty.contains(*k)
-                    || w.judging.values().any(|j| {
-                        j.next_check.is_some_and(|t| t <= now)
-                            || j.since + self.config.progressive_timeout <= now
-                            || j.clean_since
-                                .is_some_and(|t| t + self.config.progressive_settle <= now)
-                    })
-                    || w.unjudged_released()
-                        .any(|t| t + self.config.progressive_timeout <= now)
+                let timer_due = w.judging.values().any(|j| {
+                    j.next_check.is_some_and(|t| t <= now)
+                        || j.since + self.config.progressive_timeout <= now
+                        || j.clean_since
+                            .is_some_and(|t| t + self.config.progressive_settle <= now)
+                }) || w
+                    .unjudged_released()
+                    .any(|t| t + self.config.progressive_timeout <= now);
+                self.waves_dirty.contains(*k) || (w.halted.is_none() && timer_due)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -311,8 +311,10 @@ impl State {
                     .get(object)
                     .is_some_and(|w| w.content != stored.record)
                 {
-                    // Its next change's touches start the new wave.
-                    return;
+                    // New content: its touches start the new wave when its window closes.
+                    tracing::info!(object = %object.1, namespace = object.0,
+                        "new content: the progressive wave of the old one ends");
+                    return self.end_wave(object);
                 }
             }
         }
@@ -328,6 +330,14 @@ impl State {
         let gate_end = batch.map_or(members.len(), batch_start);
         let batch_end = batch.map_or(members.len(), |b| batch_start(b + 1).min(members.len()));
         let waiting = current.iter().filter(|c| !**c).count();
+        if let Some(wave) = self.waves.get_mut(object) {
+            // Only the workloads up to the batch under way are judged or wait to be re-stamped:
+            // what is kept of others (gone, or behind a batch that went back) is dropped, so no
+            // deadline of theirs is waited for.
+            let within = |k: &WorkloadKey| members[..batch_end].binary_search(k).is_ok();
+            wave.judging.retain(|k, _| within(k));
+            wave.released.retain(|k, _| within(k));
+        }
         let mut gate_healthy = true;
         for (i, member) in members[..batch_end].iter().enumerate() {
             match self.judge(object, member, current[i], now) {

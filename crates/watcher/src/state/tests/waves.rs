@@ -191,6 +191,9 @@ impl Cluster {
 
     /// Runs the cluster and the state until `seconds`.
     fn run_until(&mut self, seconds: f64) {
+        // Wake-ups at one instant with nothing due: the state would spin.
+        let mut idle = 0;
+        let mut idle_at = None;
         loop {
             let next_due = self.due.keys().next().map(|(at, _)| *at as f64 / 1000.0);
             let wake = self.t.next_wake();
@@ -204,10 +207,16 @@ impl Cluster {
             }
             self.now = next.max(self.now);
             let effects = if next_due.is_some_and(|d| d <= next) {
+                idle = 0;
                 let (_, input) = self.due.pop_first().unwrap();
                 self.t.feed(self.now, input)
             } else {
-                self.t.wake(self.now)
+                let effects = self.t.wake(self.now);
+                let same = idle_at == Some(self.now);
+                idle = if effects.is_empty() && same { idle + 1 } else { 0 };
+                idle_at = Some(self.now);
+                assert!(idle < 3, "woken at {} for nothing, again and again", self.now);
+                effects
             };
             self.answer(effects);
         }
