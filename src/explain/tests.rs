@@ -947,3 +947,58 @@ fn a_workload_labelled_true_is_selected_in_a_namespace_that_is_not_opted_in() {
     assert_eq!(e.verdict, Verdict::NotSelected, "{}", e.reason);
     assert_eq!(e.webhook.selected, Some(false));
 }
+
+/// The WaveHalted Event confighash records on ConfigMap `app` for the content of `rv`.
+fn wave_halted_event(rv: &str) -> Event {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("app.{rv}"), "creationTimestamp": "2025-01-01T00:00:00Z"},
+        "eventTime": "2025-01-01T00:00:00.000000Z",
+        "reportingController": "confighash",
+        "reportingInstance": "confighash-0",
+        "action": "Rollout",
+        "reason": "WaveHalted",
+        "type": "Warning",
+        "note": format!("the progressive wave of the change of ConfigMap app (resourceVersion {rv}) halted at Deployment shop/api: pod api-1: container app restarted once; 4 dependents wait, untouched, for the next change of its content"),
+        "regarding": {"kind": "ConfigMap", "namespace": "shop", "name": "app"}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_stale_workload_of_a_progressive_config_map_waits_for_its_batch_or_behind_a_halted_wave() {
+    let old = expected(&unstamped());
+    let mut f = stamped(&old);
+    let progressive = [("confighash.dev/rollout", "progressive")];
+    f.references.insert(
+        ObjectRef::new(ObjectKind::ConfigMap, "app"),
+        Read::Found(config_map(&[("mode", "slow")], &progressive)),
+    );
+    let (v, reason) = verdict(&f);
+    assert_eq!(v, Verdict::Stale);
+    assert!(
+        reason.contains("ConfigMap app rolls its dependents in progressive waves"),
+        "{reason}"
+    );
+    // A halt of an earlier content of the object is not this one's.
+    f.events = Read::Found(vec![wave_halted_event("40")]);
+    assert!(
+        verdict(&f).1.contains("when its batch comes"),
+        "{}",
+        verdict(&f).1
+    );
+    // The object is at resourceVersion 41 (config_map's): halted on this content.
+    f.events = Read::Found(vec![wave_halted_event("40"), wave_halted_event("41")]);
+    let (v, reason) = verdict(&f);
+    assert_eq!(v, Verdict::Stale);
+    assert!(
+        reason.contains("It waits behind the halted progressive wave of ConfigMap app")
+            && reason.contains("(resourceVersion 41) halted at Deployment shop/api"),
+        "{reason}"
+    );
+    // Up to date, nothing is said of waves.
+    let mut current = stamped(&old);
+    current.events = Read::Found(vec![wave_halted_event("41")]);
+    let (v, reason) = verdict(&current);
+    assert_eq!(v, Verdict::UpToDate);
+    assert!(!reason.contains("wave"), "{reason}");
+}

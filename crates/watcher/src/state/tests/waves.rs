@@ -213,9 +213,17 @@ impl Cluster {
             } else {
                 let effects = self.t.wake(self.now);
                 let same = idle_at == Some(self.now);
-                idle = if effects.is_empty() && same { idle + 1 } else { 0 };
+                idle = if effects.is_empty() && same {
+                    idle + 1
+                } else {
+                    0
+                };
                 idle_at = Some(self.now);
-                assert!(idle < 3, "woken at {} for nothing, again and again", self.now);
+                assert!(
+                    idle < 3,
+                    "woken at {} for nothing, again and again",
+                    self.now
+                );
                 effects
             };
             self.answer(effects);
