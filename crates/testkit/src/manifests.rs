@@ -1263,8 +1263,11 @@ pub fn forbidden_requests(install: &Install) -> Vec<Req> {
         req("patch", "", "secrets", own, key),
         req("delete", "", "secrets", own, key),
         req("delete", "", "secrets", own, certs),
-        // Pods, anywhere.
-        req("list", "", "pods", None, None),
+        // Pods, anywhere: nothing but list (progressive waves look at a workload's pods by its
+        // selector; a ClusterRole that grants that in every namespace grants the cluster-wide
+        // list too, which shows no more than listing the workloads does).
+        req("watch", "", "pods", None, None),
+        req("watch", "", "pods", app, None),
         req("get", "", "pods", app, Some("web-abc")),
         req("create", "", "pods", app, None),
         req("delete", "", "pods", app, Some("web-abc")),
