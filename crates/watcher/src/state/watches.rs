@@ -29,6 +29,9 @@ impl State {
                     .collect();
                 for key in gone {
                     self.configs.remove(&key);
+                    if self.waves.contains_key(&key) {
+                        self.waves_dirty.insert(key.clone());
+                    }
                     self.content_changed(key, now);
                 }
                 self.listed(Stream::from_kind(kind), scope);
@@ -50,6 +53,10 @@ impl State {
         };
         self.metrics
             .set_watched(key.1.kind.as_str(), self.configs.count(key.1.kind));
+        if self.waves.contains_key(&key) {
+            // Its wave ends when it goes or its content changes.
+            self.waves_dirty.insert(key.clone());
+        }
         if changed {
             self.content_changed(key, now);
         }

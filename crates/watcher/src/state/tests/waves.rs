@@ -34,6 +34,8 @@ enum Takes {
     Never,
     /// Its Deployment controller reports `ProgressDeadlineExceeded`.
     Stalls,
+    /// The webhook keeps the old stamp on every touch (it cannot read the references).
+    Kept,
 }
 
 /// The workloads as the cluster has them, answering the state.
@@ -145,6 +147,12 @@ impl Cluster {
     fn answer(&mut self, effects: Vec<Effect>) {
         for effect in effects {
             match effect {
+                Effect::Touch(touch) if self.takes[&touch.workload] == Takes::Kept => {
+                    let key = touch.workload.clone();
+                    self.touches.push((self.now, key.name.clone()));
+                    let old = self.workloads[&key].stamp.clone();
+                    self.later(0.1, Input::Touched(key, TouchResult::Patched(old)));
+                }
                 Effect::Touch(touch) => {
                     let key = touch.workload.clone();
                     self.touches.push((self.now, key.name.clone()));
@@ -166,7 +174,7 @@ impl Cluster {
                             let stalled = self.report(&key, false, true);
                             self.later(30.0, stalled);
                         }
-                        Takes::Never => {}
+                        Takes::Never | Takes::Kept => {}
                     }
                 }
                 Effect::CheckPods { workload, stamp } => {
@@ -563,4 +571,82 @@ fn the_halt_gauge_is_exported_at_zero() {
         "{}",
         c.t.metrics.encode()
     );
+}
+
+#[test]
+fn a_new_change_in_the_middle_of_a_wave_starts_it_over_from_the_first_dependent() {
+    let mut c = Cluster::new(7, "mode: a", config());
+    c.change(1.0, "mode: b", "2");
+    let mut deadline = 0.0;
+    while c.touches.len() < 3 {
+        deadline += 1.0;
+        c.run_until(deadline);
+    }
+    assert_eq!(c.touched(), names(0..3));
+    c.change(deadline + 1.0, "mode: c", "3");
+    c.run_until(deadline + 600.0);
+    let again = &c.touched()[3..];
+    assert_eq!(
+        again,
+        names(0..7),
+        "the new content from the first dependent, each once"
+    );
+    assert!(c.t.state.waves.is_empty());
+}
+
+#[test]
+fn deleting_the_object_ends_its_halted_wave() {
+    let mut c = Cluster::new(3, "mode: a", config());
+    c.change(1.0, "broken: true", "2");
+    c.run_until(60.0);
+    assert_eq!(c.halted_gauge(), 1.0);
+    let effects = c.t.delete_config(61.0, &shared_key());
+    c.answer(effects);
+    c.run_until(120.0);
+    assert_eq!(c.halted_gauge(), 0.0);
+    assert!(c.t.state.wave_halted(&shared_key()).is_none());
+    assert_eq!(
+        c.touched(),
+        ["d00"],
+        "its deletion rolls nothing (no --roll-on-delete)"
+    );
+}
+
+#[test]
+fn a_touch_the_webhook_keeps_turning_back_halts_the_wave_at_the_timeout() {
+    let mut c = Cluster::new(3, "mode: a", config());
+    let d00 = c.w("d00").key();
+    c.takes.insert(d00, Takes::Kept);
+    c.change(1.0, "mode: b", "2");
+    c.run_until(6.0 + 299.0);
+    assert!(c.t.state.wave_halted(&shared_key()).is_none());
+    assert!(c.touches.len() > 3, "retried: {:?}", c.touches);
+    assert!(c.touches.iter().all(|(_, n)| n == "d00"), "{:?}", c.touches);
+    c.run_until(6.0 + 301.0);
+    let halt = c.t.state.wave_halted(&shared_key()).unwrap();
+    assert_eq!(
+        halt.why,
+        "it was not re-stamped within 5m (--progressive-timeout)"
+    );
+    assert_eq!(halt.waiting, 2);
+}
+
+#[test]
+fn pods_that_stop_being_ready_within_the_settle_time_start_it_over() {
+    let mut c = Cluster::new(2, "mode: a", config());
+    c.change(1.0, "mode: b", "2");
+    // d00 complete at 8 s, clean from the look at 9.2 s: healthy at 19.2 s unless a look
+    // between shows a pod not Ready.
+    c.run_until(12.0);
+    let d00 = c.w("d00").key();
+    let stamp = c.w("d00").stamp.unwrap();
+    let effects = c.t.feed(
+        12.0,
+        Input::PodsChecked(d00, stamp, Ok(PodsVerdict::NotReady { pods: 1, ready: 0 })),
+    );
+    c.answer(effects);
+    c.run_until(20.0);
+    assert_eq!(c.touched(), ["d00"], "the settle time starts over");
+    c.run_until(40.0);
+    assert_eq!(c.touched(), ["d00", "d01"]);
 }
