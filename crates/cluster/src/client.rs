@@ -63,7 +63,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body as HttpBody, Bytes, Frame};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     APIGroup, APIGroupList, APIResourceList, APIVersions,
@@ -117,6 +117,8 @@ pub enum Resource {
     MutatingWebhookConfigurations,
     /// Every workload kind ([`WorkloadKind`]).
     Workloads,
+    /// Pods (listed by a workload's selector, for progressive waves).
+    Pods,
 }
 
 impl Resource {
@@ -232,6 +234,7 @@ enum Ty {
     Event,
     Lease,
     MutatingWebhookConfiguration,
+    Pod,
     /// A [`DynamicObject`] of this built-in kind.
     Workload(WorkloadKind),
     /// A [`DynamicObject`] of a kind configured in this API group (`--workload-kind`): its
@@ -255,6 +258,7 @@ impl Ty {
             ("", "events") => Ty::CoreEvent,
             ("events.k8s.io", "events") => Ty::Event,
             ("coordination.k8s.io", "leases") => Ty::Lease,
+            ("", "pods") => Ty::Pod,
             ("admissionregistration.k8s.io", "mutatingwebhookconfigurations") => {
                 Ty::MutatingWebhookConfiguration
             }
@@ -312,6 +316,7 @@ impl Ty {
             Ty::Namespace => Resource::Namespaces,
             Ty::CoreEvent | Ty::Event => Resource::Events,
             Ty::Lease => Resource::Leases,
+            Ty::Pod => Resource::Pods,
             Ty::MutatingWebhookConfiguration => Resource::MutatingWebhookConfigurations,
             Ty::Workload(_) | Ty::ConfiguredWorkload(_) => Resource::Workloads,
             Ty::ApiResourceList
@@ -414,6 +419,7 @@ expected!(
     ConfigMap,
     Secret,
     Namespace,
+    Pod,
     CoreEvent,
     Event,
     Lease,
@@ -553,6 +559,7 @@ fn check(ty: Ty, shape: Shape, body: &[u8]) -> Verdict {
         Ty::CoreEvent => check_as::<CoreEvent>(ty, shape, body),
         Ty::Event => check_as::<Event>(ty, shape, body),
         Ty::Lease => check_as::<Lease>(ty, shape, body),
+        Ty::Pod => check_as::<Pod>(ty, shape, body),
         Ty::MutatingWebhookConfiguration => {
             check_as::<MutatingWebhookConfiguration>(ty, shape, body)
         }
@@ -592,6 +599,7 @@ fn check_event(ty: Ty, line: &[u8]) -> LineVerdict {
         Ty::CoreEvent => check_event_as::<CoreEvent>(ty, line),
         Ty::Event => check_event_as::<Event>(ty, line),
         Ty::Lease => check_event_as::<Lease>(ty, line),
+        Ty::Pod => check_event_as::<Pod>(ty, line),
         Ty::MutatingWebhookConfiguration => {
             check_event_as::<MutatingWebhookConfiguration>(ty, line)
         }

@@ -18,7 +18,8 @@
 use confighash_cluster::client::{Reads, Resource};
 
 /// What the watcher reads through the client: the config it digests, namespaces, the workloads
-/// it touches, the Events it records and the Lease of its election.
+/// it touches, the Events it records, the Lease of its election and the pods of the workloads a
+/// progressive wave judges.
 pub const READS: Reads = Reads::of(&[
     Resource::ConfigMaps,
     Resource::Secrets,
@@ -26,6 +27,7 @@ pub const READS: Reads = Reads::of(&[
     Resource::Events,
     Resource::Leases,
     Resource::Workloads,
+    Resource::Pods,
 ]);
 
 pub mod flap;

@@ -20,6 +20,7 @@ const ALL: Reads = Reads::of(&[
     Resource::Leases,
     Resource::MutatingWebhookConfigurations,
     Resource::Workloads,
+    Resource::Pods,
 ]);
 
 const CANARY: &str = "c4n4ry-7Hq2x";
@@ -217,6 +218,11 @@ fn the_path_says_what_an_answer_must_be() {
             "/apis/apps/v1/daemonsets",
             Typed(Ty::Workload(WorkloadKind::DAEMON_SET), List),
         ),
+        (
+            "GET",
+            "/api/v1/namespaces/a/pods?labelSelector=app%3Dweb&limit=500",
+            Typed(Ty::Pod, List),
+        ),
         ("GET", "/apis/apps/v1", Typed(Ty::ApiResourceList, Object)),
         ("GET", "/api/v1", Typed(Ty::ApiResourceList, Object)),
         ("GET", "/api", Typed(Ty::ApiVersions, Object)),
@@ -225,7 +231,8 @@ fn the_path_says_what_an_answer_must_be() {
         ("GET", "/version", Typed(Ty::VersionInfo, Object)),
         ("GET", "/healthz", Json),
         // Nothing confighash reads: no rule says what the answer may hold.
-        ("GET", "/api/v1/namespaces/a/pods", Unknown),
+        ("GET", "/api/v1/namespaces/a/serviceaccounts", Unknown),
+        ("GET", "/api/v1/nodes", Unknown),
         ("GET", "/apis/batch/v1/namespaces/a/jobs", Unknown),
         (
             "GET",
@@ -345,8 +352,8 @@ async fn success_bodies_must_parse_as_what_kube_will_parse_them_into() {
         ),
         ("/healthz", "c4n4ry-7Hq2x"),
         (
-            "/api/v1/namespaces/a/pods",
-            r#"{"kind":"PodList","items":[]}"#,
+            "/api/v1/namespaces/a/serviceaccounts",
+            r#"{"kind":"ServiceAccountList","items":[]}"#,
         ),
     ];
     for (path, body) in undecodable {
@@ -705,7 +712,7 @@ fn a_resource_no_part_declared_is_withheld_and_says_why() {
         Expect::Typed(Ty::ApiResourceList, _)
     ));
     assert_eq!(
-        Expect::of(&get("/api/v1/namespaces/a/pods/b"), ALL),
+        Expect::of(&get("/api/v1/namespaces/a/serviceaccounts/b"), ALL),
         Expect::Unknown
     );
     assert!(UNDECLARED.contains("Resource"));

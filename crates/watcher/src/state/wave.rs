@@ -352,14 +352,7 @@ impl State {
         let Some(wave) = self.waves.get_mut(object) else {
             return;
         };
-        if wave.batch != batch {
-            wave.batch = batch;
-            if let Some(b) = batch {
-                tracing::info!(object = %object.1, namespace = object.0, batch = b + 1,
-                    from = gate_end + 1, to = batch_end, of = members.len(),
-                    "progressive wave: batch under way");
-            }
-        }
+        wave.batch = batch;
         match batch {
             None if gate_healthy => {
                 tracing::info!(object = %object.1, namespace = object.0,
@@ -367,14 +360,21 @@ impl State {
                 self.end_wave(object);
             }
             Some(_) if gate_healthy => {
+                let mut released = 0;
                 for (i, member) in members.iter().enumerate().take(batch_end).skip(gate_end) {
                     if current[i] || wave.released.contains_key(member) {
                         continue;
                     }
+                    released += 1;
                     wave.released.insert(member.clone(), now);
                     let p = self.pending.entry(member.clone()).or_default();
                     p.changed.insert(object.clone());
                     p.due.get_or_insert(now);
+                }
+                if released > 0 {
+                    tracing::info!(object = %object.1, namespace = object.0,
+                        batch = batch.map_or(0, |b| b + 1), from = gate_end + 1, to = batch_end,
+                        of = members.len(), released, "progressive wave: batch released");
                 }
             }
             _ => {}
