@@ -68,7 +68,7 @@ impl State {
                 p.due = Some(until);
                 continue;
             }
-            if self.wave_holds(&key, now) {
+            if self.wave_holds(&key) {
                 // Its wave releases it in its batch, with a pending touch of its own.
                 self.pending.remove(&key);
                 continue;

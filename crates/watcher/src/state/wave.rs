@@ -56,8 +56,6 @@ pub(super) struct Wave {
     healthy: HashMap<WorkloadKey, Option<String>>,
     /// Why it halted, once it has.
     halted: Option<Halt>,
-    /// The batch under way (0 for the first), for logs.
-    batch: Option<u32>,
 }
 
 impl Wave {
@@ -130,7 +128,7 @@ impl State {
     /// changes of progressive objects, or reconcile's check of a workload that references one),
     /// and none of those objects' waves has released it. The waves are started here when they
     /// are not under way, or started over when their object's content is new.
-    pub(super) fn wave_holds(&mut self, key: &WorkloadKey, now: Instant) -> bool {
+    pub(super) fn wave_holds(&mut self, key: &WorkloadKey) -> bool {
         let Some(pending) = self.pending.get(key) else {
             return false;
         };
@@ -155,18 +153,19 @@ impl State {
         }
         let mut released = false;
         for object in objects {
-            self.start_wave(&object, now);
+            self.start_wave(&object);
+            // An object that is gone has no wave to wait for (its deletion rolls as usual).
             released |= self
                 .waves
                 .get(&object)
-                .is_some_and(|w| w.halted.is_none() && w.released.contains_key(key));
+                .is_none_or(|w| w.halted.is_none() && w.released.contains_key(key));
         }
         !released
     }
 
     /// Starts the wave of `object`'s content, unless it is under way; a wave of other content
     /// is dropped (and its halt ended).
-    fn start_wave(&mut self, object: &ConfigKey, now: Instant) {
+    fn start_wave(&mut self, object: &ConfigKey) {
         let Some(stored) = self.configs.get(object) else {
             return;
         };
@@ -182,7 +181,6 @@ impl State {
             tracing::info!(object = %object.1, namespace = object.0,
                 resource_version = %stored.resource_version, "progressive wave started");
         }
-        let _ = now;
         self.waves.insert(
             object.clone(),
             Wave {
@@ -192,7 +190,6 @@ impl State {
                 judging: HashMap::new(),
                 healthy: HashMap::new(),
                 halted: None,
-                batch: None,
             },
         );
         self.waves_dirty.insert(object.clone());
@@ -352,7 +349,6 @@ impl State {
         let Some(wave) = self.waves.get_mut(object) else {
             return;
         };
-        wave.batch = batch;
         match batch {
             None if gate_healthy => {
                 tracing::info!(object = %object.1, namespace = object.0,

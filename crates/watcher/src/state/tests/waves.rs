@@ -650,3 +650,28 @@ fn pods_that_stop_being_ready_within_the_settle_time_start_it_over() {
     c.run_until(40.0);
     assert_eq!(c.touched(), ["d00", "d01"]);
 }
+
+#[test]
+fn a_deleted_object_rolls_its_dependents_as_usual_with_roll_on_delete() {
+    let mut c = Cluster::new(
+        3,
+        "mode: a",
+        WatcherConfig {
+            progressive_dependents: Some(1),
+            rules: rules::Options {
+                roll_on_delete: true,
+                ..rules::Options::default()
+            },
+            ..config()
+        },
+    );
+    c.now = 1.0;
+    let effects = c.t.delete_config(1.0, &shared_key());
+    c.answer(effects);
+    c.run_until(60.0);
+    assert_eq!(
+        c.touched(),
+        names(0..3),
+        "no wave to wait for once the object is gone"
+    );
+}
