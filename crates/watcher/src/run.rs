@@ -359,15 +359,35 @@ impl Shell {
         });
     }
 
-    /// Reads a workload's references with consistent GETs in a task of its own; the result
-    /// comes back as [`Input::Rechecked`].
+    /// Reads a workload's references with consistent GETs in a task of its own, and the
+    /// workload itself: the result comes back as [`Input::Rechecked`], after the workload as
+    /// read (as a watch event, newer than what the watch may still deliver). A write of the
+    /// workload the webhook stamped from the same new config (a config and its workload changed
+    /// in one apply) is then seen before the touch, which has nothing left to do, even when the
+    /// workload's watch lags behind the change window.
     fn recheck(&mut self, workload: WorkloadKey, configs: Vec<ConfigKey>) {
         let client = self.client.clone();
         let tx = self.tx.clone();
+        let resource = self.served.resource(workload.kind.kind());
+        let max_references = self.config.max_references;
         let span = tracing::debug_span!(parent: None, "recheck", workload = %workload,
             references = configs.len());
         tokio::spawn(
             async move {
+                let kind = workload.kind.kind();
+                let api: Api<DynamicObject> =
+                    Api::namespaced_with(client.clone(), &workload.namespace, &resource);
+                // The workload first: whatever config it was stamped from, the references read
+                // after it are at least as new.
+                if let Ok(Some(obj)) = api.get_opt(&workload.name).await {
+                    let value = serde_json::to_value(&obj).unwrap_or(Value::Null);
+                    if let Ok(entry) =
+                        WorkloadEntry::from_object_within(kind, &value, max_references)
+                    {
+                        let change = Watched::Applied(workload.clone(), entry);
+                        let _ = tx.send(Input::Workload(kind, change)).await;
+                    }
+                }
                 let result = read_afresh(&client, configs).await;
                 let _ = tx.send(Input::Rechecked(workload, result)).await;
             }
