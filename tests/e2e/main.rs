@@ -24,4 +24,5 @@ mod stories;
 mod typed_secrets;
 mod upgrade;
 mod watcher_faults;
+mod waves;
 mod workload_opt_in;

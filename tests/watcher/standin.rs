@@ -1964,53 +1964,131 @@ async fn watch_list_options_that_do_not_fit_are_refused_as_kube_apiserver_refuse
     );
 }
 
-/// A streaming list whose end-of-list bookmark never comes (a proxy that drops it) does not leave
-/// the watch unsynced: after a quiet spell it lists in pages, and the list ends with every object.
-#[tokio::test]
-async fn a_streaming_list_without_its_end_bookmark_falls_back_to_pages() {
-    let server = ApiServer::start_with(confighash_testkit::apiserver::Options {
-        drop_initial_events_end: true,
-        ..Default::default()
-    })
-    .await;
+/// Runs `cluster::watch::events` over the ConfigMaps of namespace "ns" (holding "a", "b", "c")
+/// of a stand-in with `options` until a list has ended, then applies "d" and waits to see it.
+/// Returns the names the last list ended with, why the watch gave up streaming lists (if it did),
+/// and the audit's watch and list requests of ConfigMaps, in order.
+async fn watch_until_listed(
+    options: confighash_testkit::apiserver::Options,
+    quiet: Duration,
+) -> (Vec<String>, Vec<&'static str>, Vec<String>) {
+    use confighash::cluster::watch::{StreamingLists, events};
+    let server = ApiServer::start_with(options).await;
     let client = server.client();
     create_namespace(&client, "ns", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "ns");
-    for name in ["a", "b"] {
+    for name in ["a", "b", "c"] {
         cms.create(&PostParams::default(), &config_map(name, &[]))
             .await
             .unwrap();
     }
-    let events = confighash::cluster::watch::events_with(
-        cms,
-        watcher::Config::default(),
-        Duration::from_millis(500),
-    );
+    let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let lists = StreamingLists {
+        quiet,
+        ..StreamingLists::telling({
+            let told = told.clone();
+            move |why| told.lock().unwrap().push(why.as_str())
+        })
+    };
+    let events = events(cms.clone(), watcher::Config::default(), &lists).default_backoff();
     let mut events = std::pin::pin!(events);
     let mut listed = Vec::new();
+    let mut listing = Vec::new();
     let done = tokio::time::timeout(DEADLINE, async {
         while let Some(event) = events.next().await {
-            match event.unwrap() {
-                watcher::Event::Init => listed.clear(),
-                watcher::Event::InitApply(cm) => listed.push(cm.name_any()),
-                watcher::Event::InitDone => return true,
+            match event {
+                Ok(watcher::Event::Init) => listing.clear(),
+                Ok(watcher::Event::InitApply(cm)) => listing.push(cm.name_any()),
+                Ok(watcher::Event::InitDone) => {
+                    listed = std::mem::take(&mut listing);
+                    if listed.len() == 3 {
+                        cms.create(&PostParams::default(), &config_map("d", &[]))
+                            .await
+                            .unwrap();
+                    }
+                }
+                Ok(watcher::Event::Apply(cm)) if cm.name_any() == "d" => return true,
                 _ => {}
             }
         }
         false
     })
     .await;
-    assert_eq!(done, Ok(true), "the list ended");
+    assert_eq!(
+        done,
+        Ok(true),
+        "the list ended and the watch after it saw a change"
+    );
     listed.sort();
-    assert_eq!(listed, ["a", "b"]);
-    let lists = server
+    let requests = server
         .audit()
         .iter()
-        .filter(|r| r.verb == "list" && r.resource == "configmaps")
-        .count();
-    assert!(
-        lists >= 1,
-        "listed in pages after the streaming list went quiet"
+        .filter(|r| r.resource == "configmaps" && (r.verb == "watch" || r.verb == "list"))
+        .map(|r| r.verb.clone())
+        .collect();
+    let told = told.lock().unwrap().clone();
+    (listed, told, requests)
+}
+
+/// A streaming list whose end-of-list bookmark never comes (a proxy that drops it) does not leave
+/// the watch unsynced: after a quiet spell it lists in pages, and the list ends with every object.
+#[tokio::test]
+async fn a_streaming_list_without_its_end_bookmark_falls_back_to_pages() {
+    let (listed, told, requests) = watch_until_listed(
+        confighash_testkit::apiserver::Options {
+            drop_initial_events_end: true,
+            ..Default::default()
+        },
+        Duration::from_millis(500),
+    )
+    .await;
+    assert_eq!(listed, ["a", "b", "c"]);
+    assert_eq!(told, ["quiet"]);
+    assert_eq!(requests[..2], ["watch", "list"], "{requests:?}");
+}
+
+/// A streaming list that breaks before its end every time (kubernetes#138557) fails three
+/// times, then the watch lists in pages: bounded, not a list of everything for ever. A stream
+/// that just ends says nothing: the third is seen to have failed when the fourth begins.
+#[tokio::test]
+async fn streaming_lists_that_keep_breaking_fall_back_to_pages_after_three() {
+    let (listed, told, requests) = watch_until_listed(
+        confighash_testkit::apiserver::Options {
+            break_initial_events_after: Some(1),
+            ..Default::default()
+        },
+        confighash::cluster::watch::INITIAL_EVENTS_QUIET,
+    )
+    .await;
+    assert_eq!(listed, ["a", "b", "c"]);
+    assert_eq!(told, ["broken"]);
+    let streamed = requests.iter().take_while(|v| *v == "watch").count();
+    assert_eq!(
+        streamed, 4,
+        "three failed, the fourth given up, then pages: {requests:?}"
+    );
+    assert_eq!(requests[4], "list");
+}
+
+/// A watch list closed right after its end bookmark (kubernetes#134837) costs no list: the watch
+/// resumes from the bookmark's version with a plain watch, and nothing falls back.
+#[tokio::test]
+async fn a_streaming_list_closed_after_its_bookmark_resumes_without_listing_again() {
+    let (listed, told, requests) = watch_until_listed(
+        confighash_testkit::apiserver::Options {
+            close_after_initial_events_end: true,
+            ..Default::default()
+        },
+        confighash::cluster::watch::INITIAL_EVENTS_QUIET,
+    )
+    .await;
+    assert_eq!(listed, ["a", "b", "c"]);
+    assert!(told.is_empty(), "{told:?}");
+    assert!(!requests.contains(&"list".to_owned()), "{requests:?}");
+    assert_eq!(
+        requests.len(),
+        2,
+        "one streaming list, one resumed watch: {requests:?}"
     );
 }
 

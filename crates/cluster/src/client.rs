@@ -117,7 +117,7 @@ pub enum Resource {
     MutatingWebhookConfigurations,
     /// Every workload kind ([`WorkloadKind`]).
     Workloads,
-    /// Pods (listed by a workload's selector, for progressive waves).
+    /// Pods (watched per namespace while a progressive wave judges there).
     Pods,
 }
 

@@ -114,6 +114,9 @@ impl WorkloadKind {
         else {
             return Err(KindError::Form);
         };
+        if let Some((_, _, why)) = REFUSED.iter().find(|(g, k, _)| *g == group && *k == kind) {
+            return Err(KindError::Refused(kind_static(kind), why));
+        }
         if !is_group(group) {
             return Err(KindError::Group);
         }
@@ -127,6 +130,12 @@ impl WorkloadKind {
             return Err(KindError::BuiltIn(built_in));
         }
         let tokens = pointer_tokens(pointer)?;
+        if tokens
+            .iter()
+            .any(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) || t == "-")
+        {
+            return Err(KindError::ArrayIndex);
+        }
         intern(group, version, kind, tokens)
     }
 
@@ -205,10 +214,50 @@ pub enum KindError {
          non-empty keys (as /spec/template; ~0 and ~1 escape ~ and /)"
     )]
     Pointer,
+    #[error(
+        "a pointer key may not be a number: a pod template inside an array cannot be found \
+         there (each item is its own template)"
+    )]
+    ArrayIndex,
+    #[error("{0}: {1}")]
+    Refused(&'static str, &'static str),
     #[error("{0}/{1} is configured twice")]
     Twice(String, String),
     #[error("too many workload kinds configured (at most {MAX_CONFIGURED})")]
     TooMany,
+}
+
+/// Kinds whose pod template confighash must never stamp, by group and kind, with why.
+const REFUSED: [(&str, &str, &str); 4] = [
+    (
+        "batch",
+        "Job",
+        "a Job's pod template is immutable: a touch would be refused (stamp its CronJob, or let \
+         the webhook stamp each new Job)",
+    ),
+    (
+        "apps",
+        "ReplicaSet",
+        "a ReplicaSet's template belongs to its Deployment (or Rollout): stamp that one",
+    ),
+    (
+        "",
+        "Pod",
+        "a Pod is not a workload with a pod template: its spec cannot be rolled",
+    ),
+    (
+        "core",
+        "Pod",
+        "a Pod is not a workload with a pod template: its spec cannot be rolled",
+    ),
+];
+
+/// The name of a refused kind as a static string, for its error.
+fn kind_static(kind: &str) -> &'static str {
+    REFUSED
+        .iter()
+        .find(|(_, k, _)| *k == kind)
+        .map_or("this kind", |(_, k, _)| k)
 }
 
 /// The most kinds one process configures.
@@ -433,6 +482,26 @@ mod tests {
     }
 
     #[test]
+    fn kinds_whose_template_cannot_be_stamped_are_refused_with_why() {
+        for (value, kind) in [
+            ("batch/v1/Job=/spec/template", "Job"),
+            ("apps/v1/ReplicaSet=/spec/template", "ReplicaSet"),
+            ("/v1/Pod=/spec", "Pod"),
+            ("core/v1/Pod=/spec", "Pod"),
+        ] {
+            let error = WorkloadKind::parse(value).unwrap_err();
+            assert!(
+                matches!(error, KindError::Refused(k, _) if k == kind),
+                "{value}: {error:?}"
+            );
+        }
+        let job = WorkloadKind::parse("batch/v1/Job=/spec/template").unwrap_err();
+        assert!(job.to_string().contains("immutable"), "{job}");
+        // A key that is a word made of digits and letters is not an index.
+        assert!(WorkloadKind::parse("example.com/v1/Pool=/spec/v2template").is_ok());
+    }
+
+    #[test]
     fn escaped_pointer_keys_are_unescaped_and_written_back() {
         let kind = WorkloadKind::parse("example.com/v1/Odd=/spec/a~1b/c~0d").unwrap();
         assert_eq!(kind.template_path(), ["spec", "a/b", "c~d"]);
@@ -463,6 +532,14 @@ mod tests {
             (
                 "apps/v1/Deployment=/spec/template",
                 KindError::BuiltIn(WorkloadKind::DEPLOYMENT),
+            ),
+            (
+                "example.com/v1/Pool=/spec/templates/0",
+                KindError::ArrayIndex,
+            ),
+            (
+                "example.com/v1/Pool=/spec/templates/-",
+                KindError::ArrayIndex,
             ),
         ] {
             assert_eq!(WorkloadKind::parse(value), Err(error), "{value:?}");

@@ -132,6 +132,12 @@ fn revision(rv: &str) -> Option<NonZeroU64> {
     rv.parse().ok()
 }
 
+/// Whether resourceVersion `rv` is older than `held` (both decimal numbers, as etcd's
+/// revisions are; otherwise nothing can be said, and it is not).
+pub(crate) fn older_revision(rv: &str, held: &str) -> bool {
+    matches!((revision(rv), revision(held)), (Some(rv), Some(held)) if rv < held)
+}
+
 impl ConfigStore {
     fn hash(&self, kind: ObjectKind, name: &str) -> u64 {
         self.hasher.hash_one((kind, name))
@@ -312,6 +318,53 @@ impl rules::View for InNamespace<'_> {
     }
 }
 
+/// One namespace of the store with one object as it was before (`None`: absent), the rest as
+/// now: what a workload's stamp was before that object's change.
+struct AsIf<'a> {
+    inner: InNamespace<'a>,
+    object: &'a ObjectRef,
+    before: Option<(bool, NamedDigest)>,
+}
+
+impl rules::View for AsIf<'_> {
+    fn state(&self, object: &ObjectRef) -> RefState<'_> {
+        if object != self.object {
+            return self.inner.state(object);
+        }
+        match &self.before {
+            None => RefState::Absent,
+            Some((true, _)) => RefState::Ignored,
+            Some((false, named)) => RefState::Present(named),
+        }
+    }
+}
+
+impl ConfigStore {
+    /// As [`ConfigStore::lookup`], with `object` as `before` says it was (`None`: absent)
+    /// instead of as it is now.
+    #[allow(clippy::too_many_arguments)]
+    pub fn lookup_as_if(
+        &self,
+        key: &StampKey,
+        namespace: &str,
+        refs: &References,
+        with_v1: bool,
+        max_bytes: u64,
+        object: &ObjectRef,
+        before: Option<&ObjectRecord>,
+    ) -> Lookup {
+        let view = AsIf {
+            inner: InNamespace {
+                store: self,
+                namespace,
+            },
+            object,
+            before: before.map(|r| (r.ignored, NamedDigest::new(&object.name, &r.digest))),
+        };
+        rules::expected(&view, Some(key), namespace, refs, with_v1, max_bytes)
+    }
+}
+
 /// A workload's identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkloadKey {
@@ -381,6 +434,9 @@ pub struct WorkloadEntry {
     /// used only while the watcher follows a rollout of it. One byte in what was padding: the
     /// index does not grow.
     pub rollout: Option<rollout::Progress>,
+    /// An Argo Rollout waiting at a `pause` step with a duration: its rollout goes on by
+    /// itself, so a progressive wave's no-progress clock does not run meanwhile.
+    pub timed_pause: bool,
 }
 
 impl WorkloadEntry {
@@ -412,11 +468,18 @@ impl WorkloadEntry {
             Analysis::Workload(info) => info,
             Analysis::Unsupported | Analysis::WorkloadRef => return Ok(None),
         };
-        let paused = obj.pointer("/spec/paused").and_then(Value::as_bool) == Some(true);
-        let on_delete = obj
-            .pointer("/spec/updateStrategy/type")
-            .and_then(Value::as_str)
-            == Some("OnDelete");
+        // Paused by a person, or at an Argo Rollout's `pause: {}` step (it waits for one).
+        let pause = rollout::pause(kind, obj);
+        let paused = obj.pointer("/spec/paused").and_then(Value::as_bool) == Some(true)
+            || pause == rollout::Pause::Indefinite;
+        // OnDelete, or an in-place update (OpenKruise's `InPlaceIfPossible`, `InPlaceOnly`):
+        // a change of the template's annotations alone is patched onto the running pods, whose
+        // containers do not restart, so they do not read the new config.
+        let on_delete = matches!(
+            obj.pointer("/spec/updateStrategy/type")
+                .and_then(Value::as_str),
+            Some("OnDelete" | "InPlaceIfPossible" | "InPlaceOnly")
+        );
         let text = |p: &str| {
             obj.pointer(p)
                 .and_then(Value::as_str)
@@ -430,6 +493,7 @@ impl WorkloadEntry {
             opted_out: info.opted_out,
             opted_in: info.opted_in,
             rolls_by_itself: !paused && !on_delete,
+            timed_pause: pause == rollout::Pause::Timed,
             resource_version: text("/metadata/resourceVersion"),
             uid: text("/metadata/uid"),
             too_many_references: info.too_many_references,
@@ -728,6 +792,51 @@ mod tests {
 
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_in_place_update_strategy_does_not_roll_pods_by_itself() {
+        let clone_set =
+            WorkloadKind::parse("apps.kruise.io/v1alpha1/CloneSet=/spec/template").unwrap();
+        let with = |strategy: &str| {
+            let obj = json!({
+                "metadata": {"name": "web", "namespace": "shop"},
+                "spec": {"updateStrategy": {"type": strategy},
+                         "template": {"spec": {"containers": [{"name": "app"}]}}},
+            });
+            WorkloadEntry::from_object(clone_set, &obj)
+                .unwrap()
+                .unwrap()
+                .rolls_by_itself
+        };
+        assert!(with("ReCreate"));
+        assert!(
+            !with("InPlaceIfPossible"),
+            "the stamp is patched onto running pods"
+        );
+        assert!(!with("InPlaceOnly"));
+        assert!(!with("OnDelete"));
+    }
+
+    #[test]
+    fn an_argo_rollout_at_a_pause_step_is_timed_or_waits_for_a_person() {
+        let at = |index: u64| {
+            let obj = json!({
+                "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout",
+                "metadata": {"name": "web", "namespace": "shop"},
+                "spec": {"strategy": {"canary": {"steps": [
+                    {"pause": {"duration": "1h"}}, {"pause": {}}]}},
+                    "template": {"spec": {"containers": [{"name": "app"}]}}},
+                "status": {"phase": "Paused", "currentStepIndex": index,
+                    "pauseConditions": [{"reason": "CanaryPauseStep"}]},
+            });
+            let e = WorkloadEntry::from_object(WorkloadKind::ROLLOUT, &obj)
+                .unwrap()
+                .unwrap();
+            (e.rolls_by_itself, e.timed_pause)
+        };
+        assert_eq!(at(0), (true, true), "a timed pause is part of its rollout");
+        assert_eq!(at(1), (false, false), "pause: {{}} waits for a person");
+    }
 
     fn deployment(names: &[String]) -> Value {
         json!({

@@ -35,6 +35,7 @@ pub mod index;
 pub mod leader;
 pub mod memory;
 pub mod pace;
+pub mod pod_watch;
 pub mod pods;
 pub mod rollout;
 mod run;

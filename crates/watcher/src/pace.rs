@@ -88,8 +88,10 @@ impl TokenBucket {
             self.tokens -= 1.0;
             return Ok(());
         }
-        let wait = (1.0 - self.tokens) / self.rate;
-        Err(now + Duration::from_secs_f64(wait))
+        // At least a millisecond: a bucket a rounding error short of a token would otherwise
+        // ask to be woken now, again and again.
+        let wait = Duration::from_secs_f64((1.0 - self.tokens) / self.rate);
+        Err(now + wait.max(Duration::from_millis(1)))
     }
 }
 

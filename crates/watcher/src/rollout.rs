@@ -27,8 +27,10 @@ pub enum Progress {
 pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
 
 /// Where the rollout of `obj`, a workload of `kind`, stands; `None` for kinds that do not roll
-/// pods (CronJobs) and for configured kinds, whose status confighash cannot read (each CRD says
-/// "done" its own way): they count as done when stamped.
+/// pods (CronJobs). A configured kind says "done" its own way: it is read by the conventions
+/// most controllers keep, `status.observedGeneration` against `metadata.generation` and a
+/// `Ready` (Knative) or `Available` condition where it has one; without `observedGeneration`
+/// (a CRD whose controller writes none, or none running) `None`: it counts as done when stamped.
 pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
     let status = obj.get("status").unwrap_or(&Value::Null);
     let generation = int(obj.pointer("/metadata/generation"));
@@ -121,8 +123,67 @@ pub fn progress(kind: WorkloadKind, obj: &Value) -> Option<Progress> {
             }
         }
         // Configured kinds.
-        _ => return None,
+        _ => {
+            let observed = status.get("observedGeneration")?;
+            if generation > int(Some(observed)) {
+                Progress::Rolling
+            } else {
+                match condition(status, "Ready").or_else(|| condition(status, "Available")) {
+                    Some(c) => rolling_unless(text(c.get("status")) == "True"),
+                    None => Progress::Complete,
+                }
+            }
+        }
     })
+}
+
+/// Whether an Argo Rollout waits at a canary `pause` step, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// Not paused at a step.
+    None,
+    /// At a step `pause: {duration: ...}`: part of its rollout, which goes on by itself.
+    Timed,
+    /// At a step `pause: {}`: it waits for a person to promote it, however long.
+    Indefinite,
+}
+
+/// Where an Argo Rollout stands against the pause steps of its canary strategy: paused by its
+/// controller (`status.pauseConditions` with reason `CanaryPauseStep`) at the step
+/// `status.currentStepIndex`, whose `pause` has a `duration` or not. Other kinds: never.
+pub fn pause(kind: WorkloadKind, obj: &Value) -> Pause {
+    if kind != WorkloadKind::ROLLOUT {
+        return Pause::None;
+    }
+    let status = obj.get("status").unwrap_or(&Value::Null);
+    let at_step = status
+        .get("pauseConditions")
+        .and_then(Value::as_array)
+        .is_some_and(|c| c.iter().any(|c| text(c.get("reason")) == "CanaryPauseStep"));
+    if !at_step {
+        return Pause::None;
+    }
+    let step = status
+        .get("currentStepIndex")
+        .and_then(Value::as_u64)
+        .and_then(|i| usize::try_from(i).ok())
+        .and_then(|i| {
+            obj.pointer("/spec/strategy/canary/steps")?
+                .as_array()?
+                .get(i)
+        });
+    let duration = step
+        .and_then(|s| s.pointer("/pause/duration"))
+        .is_some_and(|d| match d {
+            Value::String(s) => !s.is_empty(),
+            Value::Number(_) => true,
+            _ => false,
+        });
+    if duration {
+        Pause::Timed
+    } else {
+        Pause::Indefinite
+    }
 }
 
 /// An integer field: a JSON number, or a string of digits (Argo Rollouts' `observedGeneration`);
@@ -159,6 +220,65 @@ mod tests {
 
     fn deployment(status: Value) -> Value {
         object(json!({"replicas": 3}), 2, status)
+    }
+
+    #[test]
+    fn an_argo_rollout_at_a_pause_step_waits_for_its_duration_or_for_a_person() {
+        let steps = json!({"strategy": {"canary": {"steps": [
+            {"setWeight": 20}, {"pause": {"duration": "10m"}}, {"setWeight": 50}, {"pause": {}}
+        ]}}});
+        let at = |index: u64, reason: &str| {
+            let status = json!({"phase": "Paused", "currentStepIndex": index,
+                "pauseConditions": [{"reason": reason, "startTime": "2026-06-01T12:00:00Z"}]});
+            pause(WorkloadKind::ROLLOUT, &object(steps.clone(), 1, status))
+        };
+        assert_eq!(at(1, "CanaryPauseStep"), Pause::Timed);
+        assert_eq!(at(3, "CanaryPauseStep"), Pause::Indefinite);
+        assert_eq!(at(1, "InconclusiveAnalysis"), Pause::None);
+        let running = object(
+            steps,
+            1,
+            json!({"phase": "Progressing", "currentStepIndex": 2}),
+        );
+        assert_eq!(pause(WorkloadKind::ROLLOUT, &running), Pause::None);
+        assert_eq!(
+            pause(
+                WorkloadKind::DEPLOYMENT,
+                &deployment(json!({"pauseConditions": [
+                {"reason": "CanaryPauseStep"}]}))
+            ),
+            Pause::None
+        );
+    }
+
+    #[test]
+    fn a_configured_kind_is_read_by_observed_generation_and_its_ready_condition() {
+        let service = confighash_core::workload::WorkloadKind::parse(
+            "serving.knative.dev/v1/Service=/spec/template",
+        )
+        .unwrap();
+        let at = |status: Value| progress(service, &object(json!({}), 3, status));
+        assert_eq!(
+            at(json!(null)),
+            None,
+            "no controller writes its status: by the stamp"
+        );
+        assert_eq!(at(json!({"conditions": []})), None);
+        assert_eq!(
+            at(json!({"observedGeneration": 2})),
+            Some(Progress::Rolling)
+        );
+        assert_eq!(
+            at(json!({"observedGeneration": 3})),
+            Some(Progress::Complete)
+        );
+        let ready = |s: &str| json!({"observedGeneration": 3, "conditions": [{"type": "Ready", "status": s}]});
+        assert_eq!(at(ready("True")), Some(Progress::Complete));
+        assert_eq!(at(ready("False")), Some(Progress::Rolling));
+        assert_eq!(at(ready("Unknown")), Some(Progress::Rolling));
+        let available = json!({"observedGeneration": 3,
+            "conditions": [{"type": "Available", "status": "False"}]});
+        assert_eq!(at(available), Some(Progress::Rolling));
     }
 
     #[test]

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, Recorder, Reporter};
@@ -21,13 +20,12 @@ use tracing::{Instrument, Span};
 
 use crate::index::{ConfigKey, StoredConfig, WorkloadEntry, WorkloadKey};
 use crate::leader::Leadership;
-use crate::pods::PodsVerdict;
 use crate::state::{
     Believed, ConfigEvent, ConfigSource, Effect, Input, NamespaceSeen, State, Touch, TouchError,
     TouchResult, WatchOf, WatcherConfig, WorkloadEvent, api_resource,
 };
 use confighash_cluster::redact;
-use confighash_cluster::watch::{Adapter, Watched, changes, events};
+use confighash_cluster::watch::{Adapter, StreamingLists, Watched, changes, events};
 use confighash_core::checksum::KeyStore;
 use confighash_core::names::{ENABLED_LABEL, FIELD_MANAGER};
 use confighash_core::refs::{ObjectKind, ObjectRef};
@@ -97,7 +95,11 @@ pub async fn run_with_secret_page_size(
             errors(WatchOf::Config(ObjectKind::Secret)),
         )));
     }
-    tasks.push(tokio::spawn(watch_namespaces(client.clone(), tx.clone())));
+    tasks.push(tokio::spawn(watch_namespaces(
+        client.clone(),
+        tx.clone(),
+        streaming_lists(&metrics),
+    )));
     tasks.push(tokio::spawn(watch_workload_kinds(
         client.clone(),
         tx.clone(),
@@ -123,6 +125,7 @@ pub async fn run_with_secret_page_size(
         spans: HashMap::new(),
         state,
         served,
+        pod_watches: crate::pod_watch::PodWatches::new(streaming_lists(&metrics)),
     };
     shell.run(rx).await;
     for t in tasks.drain(..) {
@@ -143,6 +146,8 @@ struct Shell {
     spans: HashMap<WorkloadKey, Span>,
     state: State,
     served: Served,
+    /// The pods of the namespaces where a progressive wave judges.
+    pod_watches: crate::pod_watch::PodWatches,
 }
 
 /// The API resource of each workload kind the cluster serves, as discovery said (a CRD's plural
@@ -229,6 +234,12 @@ impl Shell {
     /// Carries out what the state asked for; `in_touch` when inside a touch's span (which names
     /// the workload already).
     fn perform(&mut self, effects: Vec<Effect>, in_touch: bool) {
+        // The pods of the namespaces where a wave judges, watched before any look at them.
+        let namespaces = self.state.pod_namespaces();
+        if !(namespaces.is_empty() && self.pod_watches.is_empty()) {
+            self.pod_watches
+                .keep(&self.client, self.config.page_size, &namespaces);
+        }
         for effect in effects {
             match effect {
                 Effect::Touch(touch) => self.touch(touch),
@@ -248,7 +259,12 @@ impl Shell {
                     ));
                 }
                 Effect::ReleaseMemory => crate::memory::release_free_heap(),
-                Effect::CheckPods { workload, stamp } => self.check_pods(workload, stamp),
+                Effect::CheckPods {
+                    workload,
+                    uid,
+                    stamp,
+                    since,
+                } => self.check_pods(workload, uid, stamp, since),
                 Effect::ConfigEvent(event) => self.publish_on_config(event),
             }
         }
@@ -256,18 +272,32 @@ impl Shell {
 
     /// Looks at the pods of a workload a progressive wave judges, in a task of its own; the
     /// result comes back as [`Input::PodsChecked`].
-    fn check_pods(&mut self, workload: WorkloadKey, stamp: String) {
-        let client = self.client.clone();
+    fn check_pods(&mut self, workload: WorkloadKey, uid: String, stamp: String, since: Duration) {
         let tx = self.tx.clone();
-        let resource = self.served.resource(workload.kind.kind());
-        let span = tracing::debug_span!(parent: None, "pods", workload = %workload);
-        tokio::spawn(
-            async move {
-                let result = pods_of(&client, &resource, &workload, &stamp).await;
-                let _ = tx.send(Input::PodsChecked(workload, stamp, result)).await;
-            }
-            .instrument(span),
-        );
+        // Wall time here: what the pods' timestamps are compared with.
+        let since = SystemTime::now()
+            .checked_sub(since)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let look = self.pod_watches.look(&workload.namespace);
+        tokio::spawn(async move {
+            let owner = crate::pods::Owner {
+                kind: workload.kind.kind(),
+                name: &workload.name,
+                uid: &uid,
+            };
+            let result = match look {
+                Some(look) => look.judge(&stamp, owner, since).await.map_err(|e| match e {
+                    crate::pod_watch::LookError::Forbidden => {
+                        TouchError::Forbidden("pods may not be listed or watched".to_owned())
+                    }
+                    crate::pod_watch::LookError::Other(e) => TouchError::Other(e),
+                }),
+                None => Err(TouchError::Other(
+                    "the namespace's pods are not watched".to_owned(),
+                )),
+            };
+            let _ = tx.send(Input::PodsChecked(workload, stamp, result)).await;
+        });
     }
 
     /// Records an Event on a ConfigMap or Secret, with its uid (read from its metadata alone: a
@@ -348,8 +378,9 @@ impl Shell {
                 let error = "the touch ended unexpectedly".to_owned();
                 (TouchResult::Failed(TouchError::Other(error)), None)
             });
-            // The response is the workload as stored now, newer than what the watch may still
-            // deliver: the state machine knows it before deciding again.
+            // The response is the workload as stored by the touch, usually newer than what the
+            // watch may still deliver: the state machine knows it before deciding again (and
+            // ignores it where the watch already delivered a later resourceVersion).
             if let Some(entry) = stored {
                 let kind = workload.kind.kind();
                 let change = Watched::Applied(workload.clone(), Some(entry));
@@ -521,6 +552,18 @@ struct WatchErrors {
     tx: mpsc::Sender<Input>,
     metrics: Arc<Metrics>,
     logged: Option<Instant>,
+    /// Errors of a cluster-wide workload watch, counted until [`Input::Unlistable`] is sent.
+    failures: u32,
+    unlistable_sent: bool,
+    /// When the watch gives up streaming lists (counted in the metrics).
+    lists: StreamingLists,
+}
+
+/// When watches give up streaming lists: the defaults, counted in
+/// `confighash_streaming_list_fallbacks_total`.
+pub(crate) fn streaming_lists(metrics: &Arc<Metrics>) -> StreamingLists {
+    let metrics = metrics.clone();
+    StreamingLists::telling(move |why| metrics.streaming_list_fallback(why.as_str()))
 }
 
 /// How often a watch refused with 403 is logged.
@@ -539,6 +582,9 @@ impl WatchErrors {
             tx: tx.clone(),
             metrics: metrics.clone(),
             logged: None,
+            failures: 0,
+            unlistable_sent: false,
+            lists: streaming_lists(metrics),
         }
     }
 
@@ -552,6 +598,20 @@ impl WatchErrors {
     fn report(&mut self, e: &watcher::Error) {
         let kind = self.kind();
         let namespace = self.scope.as_deref().unwrap_or("");
+        if let (WatchOf::Workloads(workload_kind), None) = (self.what, &self.scope)
+            && !self.unlistable_sent
+        {
+            // A kind that cannot be listed (403, a broken conversion webhook) must not keep the
+            // others from ever counting as synced: after a few tries it counts as listed, empty.
+            self.failures += 1;
+            if self.failures >= crate::state::UNLISTABLE_AFTER {
+                self.unlistable_sent = true;
+                // A full channel drops it: the next failure sends it again.
+                if self.tx.try_send(Input::Unlistable(workload_kind)).is_err() {
+                    self.unlistable_sent = false;
+                }
+            }
+        }
         if let Some(ns) = &self.scope
             && redact::is_forbidden(e)
         {
@@ -597,9 +657,11 @@ async fn watch_configs<K: ConfigObject>(
         |obj: &K| config_key(obj, K::KIND),
         |_: &ConfigKey, obj: K| obj.stored(),
     );
-    let changes = changes(events(api, cfg).default_backoff(), adapter, |e| {
-        errors.report(e)
-    });
+    let changes = changes(
+        events(api, cfg, &errors.lists).default_backoff(),
+        adapter,
+        |e| errors.report(e),
+    );
     let source = match scope {
         None => ConfigSource::Watch(K::KIND),
         Some(namespace) => ConfigSource::WatchIn(K::KIND, namespace),
@@ -640,7 +702,7 @@ fn terminating(ns: &Namespace) -> bool {
             .is_some_and(|p| p == "Terminating")
 }
 
-async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
+async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>, lists: StreamingLists) {
     let api: Api<Namespace> = Api::all(client);
     let adapter = Adapter::new(
         |ns: &Namespace| ns.metadata.name.clone(),
@@ -651,7 +713,7 @@ async fn watch_namespaces(client: kube::Client, tx: mpsc::Sender<Input>) {
         },
     );
     let changes = changes(
-        events(api, watcher::Config::default()).default_backoff(),
+        events(api, watcher::Config::default(), &lists).default_backoff(),
         adapter,
         |e| tracing::warn!(error = %redact::watcher_error(e), "namespace watch error; retrying"),
     );
@@ -745,9 +807,11 @@ async fn watch_workloads(
             }
         },
     );
-    let changes = changes(events(api, cfg).default_backoff(), adapter, |e| {
-        errors.report(e)
-    });
+    let changes = changes(
+        events(api, cfg, &errors.lists).default_backoff(),
+        adapter,
+        |e| errors.report(e),
+    );
     match scope {
         None => feed(changes, &tx, |change| Input::Workload(kind, change)).await,
         Some(namespace) => {
@@ -877,43 +941,6 @@ async fn read_afresh(
         .collect()
 }
 
-/// The most pods of one workload looked at: beyond it, the first ones judge.
-const MAX_PODS_LOOKED_AT: usize = 5000;
-
-/// The pods of a workload (by its selector) judged on `stamp` ([`crate::pods::judge`]).
-async fn pods_of(
-    client: &kube::Client,
-    resource: &ApiResource,
-    key: &WorkloadKey,
-    stamp: &str,
-) -> Result<PodsVerdict, TouchError> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &key.namespace, resource);
-    let Some(workload) = api.get_opt(&key.name).await.map_err(|e| touch_error(&e))? else {
-        return Ok(PodsVerdict::Ready { pods: 0 });
-    };
-    let selector = workload
-        .data
-        .pointer("/spec/selector")
-        .cloned()
-        .and_then(|s| serde_json::from_value::<LabelSelector>(s).ok())
-        .and_then(|s| kube::core::Selector::try_from(s).ok())
-        .ok_or_else(|| TouchError::Other("the workload has no usable spec.selector".to_owned()))?;
-    let pods_api: Api<Pod> = Api::namespaced(client.clone(), &key.namespace);
-    let mut params = ListParams::default().labels_from(&selector).limit(500);
-    let mut pods = Vec::new();
-    loop {
-        let page = pods_api.list(&params).await.map_err(|e| touch_error(&e))?;
-        pods.extend(page.items);
-        match page.metadata.continue_ {
-            Some(next) if !next.is_empty() && pods.len() < MAX_PODS_LOOKED_AT => {
-                params = params.continue_token(&next);
-            }
-            _ => break,
-        }
-    }
-    Ok(crate::pods::judge(stamp, &pods))
-}
-
 /// A failed request as a touch's error: refused (403) or anything else, redacted.
 fn touch_error(e: &kube::Error) -> TouchError {
     let error = redact::kube_error(e);
@@ -1031,6 +1058,28 @@ mod tests {
 
     fn namespace(object: Value) -> Namespace {
         serde_json::from_value(object).unwrap()
+    }
+
+    #[test]
+    fn every_streaming_list_fallback_is_counted_under_a_label_the_metrics_declare() {
+        use confighash_cluster::watch::Fallback;
+        let metrics = Arc::new(Metrics::new());
+        let lists = streaming_lists(&metrics);
+        let tell = lists.on_fallback.expect("told");
+        let all = [
+            Fallback::Refused,
+            Fallback::Quiet,
+            Fallback::Broken,
+            Fallback::Closed,
+        ];
+        for why in all {
+            tell(why);
+        }
+        let labels: Vec<_> = all.iter().map(|w| w.as_str()).collect();
+        assert_eq!(labels, confighash_metrics::STREAMING_LIST_FALLBACK_REASONS);
+        for why in all {
+            assert_eq!(metrics.streaming_list_fallbacks(why.as_str()), 1);
+        }
     }
 
     #[test]

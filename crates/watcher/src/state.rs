@@ -37,12 +37,18 @@ mod touch;
 mod watches;
 mod wave;
 pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
-pub use wave::{DEFAULT_PROGRESSIVE_SETTLE, DEFAULT_PROGRESSIVE_TIMEOUT, Halt, WAVE_CHECK_EVERY};
+pub use wave::{
+    DEFAULT_PROGRESSIVE_SETTLE, DEFAULT_PROGRESSIVE_TIMEOUT, Halt, MAX_POD_CHECKS, WAVE_CHECK_EVERY,
+};
 
 pub use confighash_core::names::{
     CONFIG_CHANGED_REASON, CONFIG_FLAPPING_REASON, REFERENCES_TOO_LARGE_REASON,
     TOO_MANY_REFERENCES_REASON, TOUCH_FAILED_REASON, WOULD_ROLL_REASON,
 };
+
+/// How many failed lists in a row make a workload kind count as listed, empty
+/// ([`Input::Unlistable`]): with kube's default backoff, a few seconds of trying.
+pub const UNLISTABLE_AFTER: u32 = 4;
 
 /// Global token bucket burst.
 pub const TOUCH_BURST: u32 = 20;
@@ -183,6 +189,11 @@ pub enum Input {
     /// The cluster does not serve this workload kind (no Argo Rollouts CRD): there is nothing to
     /// list, so it counts as listed.
     NotServed(WorkloadKind),
+    /// The cluster-wide list of this workload kind failed [`UNLISTABLE_AFTER`] times in a row
+    /// before it ever listed (403, a broken conversion webhook of its CRD): it counts as listed
+    /// and empty, so the other kinds are reconciled and roll; its watch keeps trying, and its
+    /// first list counts as any other.
+    Unlistable(WorkloadKind),
     /// Whether this replica leads, now. Only the leader touches; a new leader reconciles.
     Leader(bool),
     /// The stamp key in use from now on.
@@ -272,11 +283,15 @@ pub enum Effect {
     /// A list of many ConfigMaps or Secrets passed through and only digests stayed: give the
     /// free heap back.
     ReleaseMemory,
-    /// Look at the pods of a workload whose template carries `stamp` ([`crate::pods`]); report
-    /// with [`Input::PodsChecked`].
+    /// Look at the pods of a workload whose template carries `stamp` ([`crate::pods`]),
+    /// counting only what happened within `since` before the look; report with
+    /// [`Input::PodsChecked`].
     CheckPods {
         workload: WorkloadKey,
+        /// The workload's uid (empty when unknown): its pods' controller.
+        uid: String,
         stamp: String,
+        since: Duration,
     },
     /// Record a Kubernetes Event on a ConfigMap or Secret.
     ConfigEvent(ConfigEvent),
@@ -509,12 +524,8 @@ pub struct State {
     /// What is known of each workload besides its index entry, one record each: forgetting a
     /// workload is one `remove` ([`State::forget`]).
     per_workload: HashMap<WorkloadKey, WorkloadState>,
-    /// The progressive waves under way, by object ([`wave`]).
-    waves: HashMap<ConfigKey, wave::Wave>,
-    /// Waves to look at again at the next tick: something of theirs changed.
-    waves_dirty: HashSet<ConfigKey>,
-    /// Workloads whose pods are being looked at for a wave.
-    pod_checks: HashSet<WorkloadKey>,
+    /// The progressive waves under way ([`wave`]).
+    waves: wave::Waves,
     /// Not leading, with backoffs or reads afresh possibly left over (leadership just lost, or a
     /// result came back after it was): cleared at the next tick, which a new leader starts
     /// without.
@@ -558,9 +569,7 @@ impl State {
             following: HashMap::new(),
             effects: Vec::new(),
             per_workload: HashMap::new(),
-            waves: HashMap::new(),
-            waves_dirty: HashSet::new(),
-            pod_checks: HashSet::new(),
+            waves: wave::Waves::default(),
             stale_leader_work: false,
         }
     }
@@ -649,6 +658,18 @@ impl State {
                     }
                 }
             },
+            Input::Unlistable(kind) => {
+                if !self.synced.contains(&(Stream::Workloads(kind), None)) {
+                    tracing::warn!(
+                        kind = kind.kind(),
+                        api_version = kind.api_version(),
+                        "cannot list this workload kind: it counts as listed and empty, so the \
+                         other kinds roll; its watch keeps trying"
+                    );
+                    self.metrics.set_kind_unlistable(kind.kind(), true);
+                    self.listed(Stream::Workloads(kind), None);
+                }
+            }
             Input::Leader(leader) => self.leadership(leader, now),
             Input::Key(key) => self.key = key,
             Input::Touched(key, result) => self.touched(key, result, now),
@@ -720,7 +741,7 @@ fn config_changed(
             EventType::Warning,
             format!(
                 "{what}; the pod template was re-stamped, but pods will not roll by themselves \
-                 (OnDelete update strategy or paused): delete or resume them to apply the new config"
+                 (OnDelete or in-place update strategy, or paused): delete or resume them to apply the new config"
             ),
         )
     };
@@ -753,7 +774,7 @@ fn would_roll(
     } else {
         format!(
             "{what}; confighash would re-stamp the pod template, but its pods would not roll by \
-             themselves (OnDelete update strategy or paused) (dry run)"
+             themselves (OnDelete or in-place update strategy, or paused) (dry run)"
         )
     };
     WorkloadEvent {

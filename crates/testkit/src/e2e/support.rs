@@ -953,6 +953,25 @@ impl Env {
         self.wait_leader().await;
     }
 
+    /// On a real cluster: restarts replica 0 with `args` after the chart's own (a scenario of
+    /// [`Env::controlling`] that needs other settings), returning once it leads; the returned
+    /// guard restarts it as installed when dropped, also when the scenario fails. In the stand-in
+    /// nothing happens: its settings are [`Setup`]'s.
+    #[must_use = "dropping the guard restarts confighash as installed"]
+    pub async fn restart_confighash_with(&mut self, args: &[&str]) -> Restored {
+        if self.is_stand_in() {
+            return Restored(false);
+        }
+        assert!(
+            self.exclusive,
+            "restarting confighash with other settings needs Env::controlling"
+        );
+        serve_sh("stop", 0).await;
+        serve_sh_with("start", 0, args).await;
+        self.wait_leader().await;
+        Restored(true)
+    }
+
     /// On a real cluster: polls until a replica of confighash leads ([`METRICS_URL`]'s
     /// `confighash_leader`). A replica that ended without giving the Lease up holds it until it
     /// expires (15 s after the others last saw it renewed), so a scenario that goes on at once
@@ -1983,13 +2002,43 @@ pub async fn leader_replica(env: &Env) -> Option<u8> {
     digits.parse().ok()
 }
 
+/// Replica 0 restarted with other settings ([`Env::restart_confighash_with`]): restarted as
+/// installed when dropped.
+pub struct Restored(bool);
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        if !self.0 {
+            return;
+        }
+        let Some(script) = std::env::var_os(SERVE) else {
+            return;
+        };
+        for verb in ["stop", "start"] {
+            let status = std::process::Command::new(&script)
+                .arg(verb)
+                .arg("0")
+                .status();
+            if !status.as_ref().is_ok_and(|s| s.success()) {
+                eprintln!("serve.sh {verb} 0 failed while restoring confighash: {status:?}");
+            }
+        }
+    }
+}
+
 /// Runs the real tier's `serve.sh VERB N` ([`SERVE`]) and fails the scenario if it fails.
 pub async fn serve_sh(verb: &str, replica: u8) {
+    serve_sh_with(verb, replica, &[]).await;
+}
+
+/// As [`serve_sh`], with arguments for `confighash serve` after the chart's (`start` only).
+pub async fn serve_sh_with(verb: &str, replica: u8, args: &[&str]) {
     let script = std::env::var_os(SERVE)
         .expect("stopping or starting confighash on a real cluster needs CONFIGHASH_E2E_SERVE");
     let status = tokio::process::Command::new(&script)
         .arg(verb)
         .arg(replica.to_string())
+        .args(args)
         .status()
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", std::path::Path::new(&script).display()));

@@ -139,7 +139,7 @@ impl State {
         self.flap_intervals_due(now);
         self.waves_due(now);
         self.touch_due(now);
-        if !self.waves_dirty.is_empty() {
+        if self.waves.has_dirty() {
             // Touches due just started waves (or started them over): their first batches go now.
             self.waves_due(now);
             self.touch_due(now);
@@ -222,6 +222,7 @@ impl State {
         now: Instant,
     ) {
         tracing::debug!(?changes, "window");
+        self.start_waves(&changes);
         let mut affected: BTreeMap<WorkloadKey, BTreeSet<ConfigKey>> = BTreeMap::new();
         for change in &changes {
             for w in self.workloads.dependents(change) {

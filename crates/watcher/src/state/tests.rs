@@ -98,7 +98,8 @@ struct W {
     ns: String,
     name: String,
     uid: String,
-    /// (how, name): `configMap`, `optionalConfigMap` or `secret` in `envFrom`.
+    /// (how, name): `configMap`, `optionalConfigMap` or `secret` in `envFrom`; `configMapKey`
+    /// with `name/key`, one key in `env`.
     uses: Vec<(&'static str, String)>,
     stamp: Option<String>,
     labels: Value,
@@ -147,11 +148,24 @@ impl W {
         let env_from: Vec<Value> = self
             .uses
             .iter()
+            .filter(|(how, _)| *how != "configMapKey")
             .map(|(how, name)| match *how {
                 "configMap" => json!({"configMapRef": {"name": name}}),
                 "optionalConfigMap" => json!({"configMapRef": {"name": name, "optional": true}}),
                 "secret" => json!({"secretRef": {"name": name}}),
                 other => panic!("unknown use {other}"),
+            })
+            .collect();
+        // `configMapKey`, `name/key`: one key, as an environment variable.
+        let env: Vec<Value> = self
+            .uses
+            .iter()
+            .filter(|(how, _)| *how == "configMapKey")
+            .enumerate()
+            .map(|(i, (_, name))| {
+                let (name, key) = name.split_once('/').expect("configMapKey uses name/key");
+                json!({"name": format!("V{i}"),
+                       "valueFrom": {"configMapKeyRef": {"name": name, "key": key}}})
             })
             .collect();
         let mut template_annotations = json!({});
@@ -175,7 +189,8 @@ impl W {
         // `spec.jobTemplate.spec.template`).
         let mut template = json!({
             "metadata": {"annotations": template_annotations},
-            "spec": {"containers": [{"name": "app", "image": "app", "envFrom": env_from}]},
+            "spec": {"containers": [{"name": "app", "image": "app", "envFrom": env_from,
+                                     "env": env}]},
         });
         for token in self.kind.template_path().iter().skip(1).rev() {
             template = json!({ *token: template });

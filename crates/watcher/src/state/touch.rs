@@ -120,6 +120,7 @@ impl State {
                         );
                     }
                     self.last_cause = Some(p.changed.iter().next().cloned());
+                    self.waves.touch_sent(&key, now);
                     self.start_touch(key, expected, p);
                 }
                 Err(wait) => {
@@ -269,6 +270,7 @@ impl State {
                 w.backoff = None;
                 if stamp.as_deref() == Some(&touch.expected) {
                     w.written = Some(touch.expected.clone());
+                    self.waves.touch_took(&key, &touch.expected, now);
                 }
                 tracing::info!(
                     stamp = stamp.as_deref().unwrap_or(""),

@@ -28,10 +28,10 @@ impl State {
                     .filter(|k| !seen.contains(k))
                     .collect();
                 for key in gone {
+                    let before = self.configs.get(&key).map(|s| s.record);
                     self.configs.remove(&key);
-                    if self.waves.contains_key(&key) {
-                        self.waves_dirty.insert(key.clone());
-                    }
+                    self.waves.note_before(&key, before);
+                    self.waves.object_changed(&key);
                     self.content_changed(key, now);
                 }
                 self.listed(Stream::from_kind(kind), scope);
@@ -47,17 +47,22 @@ impl State {
         if let Some(backfill) = self.backfills.get_mut(&key.0) {
             backfill.seen.insert(key.clone());
         }
+        // What it held before: a progressive wave's members are the dependents whose stamp
+        // this change changes.
+        let before = (self.is_synced() && self.workloads.is_referenced(&key))
+            .then(|| self.configs.get(&key).map(|s| s.record));
         let changed = match state {
             Some(s) => self.configs.upsert(key.clone(), s),
             None => self.configs.remove(&key),
         };
         self.metrics
             .set_watched(key.1.kind.as_str(), self.configs.count(key.1.kind));
-        if self.waves.contains_key(&key) {
-            // Its wave ends when it goes or its content changes.
-            self.waves_dirty.insert(key.clone());
-        }
+        // Its wave ends when it goes, its content changes or it is no longer progressive.
+        self.waves.object_changed(&key);
         if changed {
+            if let Some(before) = before {
+                self.waves.note_before(&key, before);
+            }
             self.content_changed(key, now);
         }
     }
@@ -217,11 +222,18 @@ impl State {
             Watched::Applied(key, Some(entry)) => {
                 if let Some(known) = self.workloads.get(&key)
                     && known.uid == entry.uid
-                    && entry.generation < known.generation
+                    && (entry.generation < known.generation
+                        || crate::index::older_revision(
+                            &entry.resource_version,
+                            &known.resource_version,
+                        ))
                 {
-                    // Older than what a touch's response already showed: the watch is behind.
+                    // Older than what is known: the watch is behind a touch's response, or a
+                    // touch's response arrives after the watch delivered its controller's
+                    // later status (the rollout complete before the answer was handled).
                     tracing::debug!(workload = %key, generation = entry.generation,
-                        known = known.generation, "an older state of the workload; ignored");
+                        known = known.generation, resource_version = entry.resource_version,
+                        "an older state of the workload; ignored");
                     return;
                 }
                 if entry.too_many_references
@@ -243,7 +255,7 @@ impl State {
                 let opts_in = self.opts_in(&key, &entry);
                 self.follow_watched(&key, &entry, now);
                 self.workloads.upsert(key.clone(), entry);
-                self.wave_member_changed(&key);
+                self.waves.member_changed(&key);
                 self.metrics
                     .set_watched(kind.kind(), self.workloads.count_of(kind));
                 self.workload_opt_in(&key, opts_in);
@@ -256,7 +268,7 @@ impl State {
                 }
             }
             Watched::Applied(key, None) | Watched::Deleted(key) => {
-                self.wave_member_changed(&key);
+                self.waves.member_changed(&key);
                 self.forget(&key);
                 self.workloads.remove(&key);
                 self.metrics
@@ -264,6 +276,9 @@ impl State {
                 self.workload_opt_in(&key, false);
             }
             Watched::Relisted(seen) => {
+                if scope.is_none() {
+                    self.metrics.set_kind_unlistable(kind.kind(), false);
+                }
                 for key in self.workloads.keys_of(kind) {
                     let in_scope = scope.as_deref().is_none_or(|s| s == key.namespace);
                     if in_scope && !seen.contains(&key) {
@@ -357,6 +372,7 @@ impl State {
         }
         self.leader = leader;
         self.metrics.set_leader(leader);
+        self.waves_leadership(leader);
         if !leader {
             // A new leader does not know what this one followed.
             self.stop_following_all("abandoned", |_| true);

@@ -260,7 +260,7 @@ fn a_workload_that_does_not_roll_by_itself_is_told_so() {
     t.start(&[(NS, true)], &[app], &[&db]);
     t.config(1.0, app_env("debug"));
     let note = "ConfigMap app-env changed; confighash would re-stamp the pod template, but its \
-                pods would not roll by themselves (OnDelete update strategy or paused) (dry run)";
+                pods would not roll by themselves (OnDelete or in-place update strategy, or paused) (dry run)";
     assert_eq!(
         t.wake(6.0),
         [event(

@@ -44,7 +44,7 @@ fn an_on_delete_workload_is_told_its_pods_do_not_roll() {
     let stamp = t.expected(&db);
     assert_eq!(t.wake(6.0), [touch(&db, &stamp, APP_ENV_CHANGED, 0)]);
     let note = "ConfigMap app-env changed; the pod template was re-stamped, but pods will not \
-                roll by themselves (OnDelete update strategy or paused): delete or resume them to \
+                roll by themselves (OnDelete or in-place update strategy, or paused): delete or resume them to \
                 apply the new config";
     assert_eq!(
         t.touched(6.1, &db, TouchResult::Patched(Some(stamp))),
