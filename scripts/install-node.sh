@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds what a real Kubernetes node needs into a cache folder and prints that folder.
 #
-# - kubelet and kube-proxy (Kubernetes 1.34.4, the control plane's version) from the wrapper
-#   module scripts/control-plane/kubernetes, as install-control-plane.sh builds the control plane;
+# - kubelet and kube-proxy (Kubernetes 1.37.2, the newest of scripts/lib/versions.sh: the control
+#   plane's version) from the wrapper module scripts/control-plane/kubernetes/<version>, as
+#   install-control-plane.sh builds the control plane. kubelet 1.35 and later refuse cgroup v1
+#   unless told otherwise: scripts/node.sh sets `failCgroupV1: false` in its configuration;
 # - containerd, containerd-shim-runc-v2 and ctr (2.4.2) from the wrapper module
 #   scripts/control-plane/containerd. containerd 2 rather than Debian's 1.6: Kubernetes 1.36 drops
 #   containerd 1.x, and a Go module pins the version on every machine where a Debian package
@@ -19,14 +21,17 @@
 #   NODE=$(scripts/install-node.sh)
 set -euo pipefail
 
-KUBERNETES_VERSION=1.34.4
+HERE="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=lib/versions.sh
+. "$HERE/lib/versions.sh"
+KUBERNETES_VERSION=$KUBERNETES_NEWEST
 CONTAINERD_VERSION=2.4.2
 RUNC_MINOR=1.1
 CNI_MINOR=1.1
-HERE="$(cd "$(dirname "$0")" && pwd)"
 MODULES="$HERE/control-plane"
+K8S_MODULE="kubernetes/$KUBERNETES_VERSION"
 TOOLS="${CONFIGHASH_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/confighash-tools}"
-SUM=$(cat "$MODULES"/kubernetes/go.mod "$MODULES"/kubernetes/go.sum "$MODULES"/containerd/go.mod \
+SUM=$(cat "$MODULES/$K8S_MODULE"/go.mod "$MODULES/$K8S_MODULE"/go.sum "$MODULES"/containerd/go.mod \
     "$MODULES"/containerd/go.sum "$HERE"/node/pause.c "$HERE"/node/app.sh "$HERE"/oci-archive.py "$HERE"/install-node.sh | sha256sum | cut -c1-12)
 DEST="$TOOLS/node-$KUBERNETES_VERSION-$CONTAINERD_VERSION-$SUM"
 PROGRAMS=(kubelet kube-proxy containerd containerd-shim-runc-v2 ctr)
@@ -86,10 +91,10 @@ trap 'rm -rf "$work"' EXIT
 # shellcheck source=lib/kubernetes-ldflags.sh
 . "$HERE/lib/kubernetes-ldflags.sh"
 k8s_ldflags=$(kubernetes_ldflags "$KUBERNETES_VERSION")
-say "building kubelet and kube-proxy (module kubernetes)"
-(cd "$MODULES/kubernetes" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w $k8s_ldflags" -o "$work/" \
+say "building kubelet and kube-proxy (module $K8S_MODULE)"
+(cd "$MODULES/$K8S_MODULE" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w $k8s_ldflags" -o "$work/" \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy) ||
-    fail "go build in scripts/control-plane/kubernetes failed (see above)"
+    fail "go build in scripts/control-plane/$K8S_MODULE failed (see above)"
 say "building containerd $CONTAINERD_VERSION (module containerd)"
 (cd "$MODULES/containerd" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath \
     -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=v$CONTAINERD_VERSION" -o "$work/" \

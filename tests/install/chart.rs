@@ -1069,6 +1069,68 @@ const HELM_LABELS: [&str; 4] = [
     "helm.sh/chart",
 ];
 
+/// `watcher.progressiveWavePods: false` grants nothing on pods, in the ClusterRole and in the
+/// Roles of `watchNamespaces` alike; the default grants list and watch, nothing more.
+#[test]
+fn pods_are_granted_only_for_progressive_waves_that_read_them() {
+    let pods_verbs = |values: &str| -> Vec<Vec<String>> {
+        template("ch", "platform", values)
+            .expect("renders")
+            .iter()
+            .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+            .flat_map(|o| o["rules"].as_array().cloned().unwrap_or_default())
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == "pods"))
+            })
+            .map(|r| {
+                r["verbs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(pods_verbs(""), [["list", "watch"]]);
+    assert_eq!(
+        pods_verbs("watchNamespaces: [shop, blog]\n"),
+        [["list", "watch"], ["list", "watch"]]
+    );
+    assert!(pods_verbs("watcher:\n  progressiveWavePods: false\n").is_empty());
+    assert!(
+        pods_verbs("watchNamespaces: [shop]\nwatcher:\n  progressiveWavePods: false\n").is_empty()
+    );
+}
+
+/// The `--workload-kind` argument is quoted: a pointer key with `#` or `: ` in it reaches the
+/// program whole, where YAML would cut it at the `#` unquoted.
+#[test]
+fn a_configured_kinds_pointer_reaches_the_program_whole() {
+    let values = "workloadKinds:
+  - {group: example.com, version: v1, kind: Odd, resource: odds, template: '/spec/a #b/c: d'}
+";
+    let objects = template("ch", "platform", values).expect("renders");
+    let args: Vec<String> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|o| {
+            o["spec"]["template"]["spec"]["containers"][0]["args"]
+                .as_array()
+                .cloned()
+        })
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        args.iter()
+            .any(|a| a == "--workload-kind=example.com/v1/Odd=/spec/a #b/c: d"),
+        "{args:?}"
+    );
+}
+
 /// `doc` with Helm's own labels (in metadata, selectors and pod templates alike) and the image
 /// set aside.
 fn without_helm(doc: &Value) -> Value {
@@ -1413,23 +1475,42 @@ fn chart_versions_are_the_crates() {
     described(values, &schema, "");
 }
 
-/// Chart.yaml's `kubeVersion` is the README's minimum: the oldest release whose API server knows
-/// every field the chart renders (`topologySpreadConstraints[].matchLabelKeys`, on by default
-/// from 1.27). helm refuses an older cluster instead of sending manifests it would reject.
+/// Chart.yaml's `kubeVersion` is the oldest release of the tested range (scripts/lib/versions.sh,
+/// docs/compatibility.md), which the README states; there is no upper bound, so a release newer
+/// than the newest tested installs. helm refuses an older cluster.
 #[test]
 fn chart_refuses_clusters_older_than_the_minimum() {
     let chart = dir_path(&chart_dir());
-    for (version, renders) in [("1.26.9", false), ("1.27.0", true), ("1.33.1", true)] {
+    let versions = read(&chart_dir().join("../../scripts/lib/versions.sh"));
+    let oldest = versions
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_VERSIONS=("))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("scripts/lib/versions.sh lists the releases");
+    let minor: u32 = oldest.split('.').nth(1).unwrap().parse().unwrap();
+    let older = format!("1.{}.9", minor - 1);
+    let first = format!("1.{minor}.0");
+    for (version, renders) in [
+        (older.as_str(), false),
+        (first.as_str(), true),
+        ("1.37.2", true),
+        ("1.40.0", true),
+    ] {
         let rendered = run_helm(&["template", "ch", &chart, "--kube-version", version], "{}");
         assert_eq!(rendered.is_ok(), renders, "{version}: {rendered:?}");
         if let Err(message) = rendered {
             assert!(message.contains("kubeVersion"), "{version}: {message}");
         }
     }
+    let chart_yaml = read(&chart_dir().join("Chart.yaml"));
+    assert!(
+        chart_yaml.contains(&format!("kubeVersion: \">=1.{minor}.0-0\"")),
+        "the chart's kubeVersion is the oldest tested release"
+    );
     let readme = read(&chart_dir().join("../../README.md"));
     assert!(
-        readme.contains("1.27"),
-        "the README states the minimum the chart enforces"
+        readme.contains(&format!("Kubernetes 1.{minor} to ")),
+        "the README states the tested range"
     );
 }
 

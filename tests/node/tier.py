@@ -509,13 +509,13 @@ def wave_names():
     return [f"w{i:02d}" for i in range(WAVE_SIZE)]
 
 
-def serving(ns, name):
+def serving(ns, name, path="/etc/app/config.yml"):
     """The config the running, Ready pods of a Deployment read (inside their containers)."""
     out = []
     for p in pods(ns, f"app={name}"):
         ready = any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
         if ready:
-            out.append(read_in(ns, p["metadata"]["name"], "app", "cat", "/etc/app/config.yml"))
+            out.append(read_in(ns, p["metadata"]["name"], "app", "cat", path))
     return out
 
 
@@ -598,6 +598,73 @@ def test_progressive_wave_halts_a_broken_config_at_the_first_workload():
     check(sorted(writes) == sorted((ns, "deployments", n) for n in names), f"confighash's writes for the good change: {writes}")
     check(leader() != old_leader, "the leader did not change")
     log(f"wave: good change with the leader deleted mid-wave to the last of 20 rollouts {good_after:.1f} s, each rolled once")
+    kubectl("delete", "namespace", ns, "--wait=false")
+
+
+MIXED_NS = "tier-mixed-keys"
+
+
+def mixed_key_objects(ns):
+    """A progressive ConfigMap `shared` with two keys, and eight Deployments of the app, each
+    mounting one key of it through a volume whose `items` name that key alone (subPath): w00 to
+    w02 read `other.yml`, w03 to w07 read `config.yml`."""
+    objects = [{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shared", "namespace": ns, "annotations": {"confighash.dev/rollout": "progressive"}},
+        "data": {"config.yml": "broken: false\nversion: 1\n", "other.yml": "broken: false\n"},
+    }]
+    for i in range(8):
+        name = f"w{i:02d}"
+        key = "other.yml" if i < 3 else "config.yml"
+        objects.append({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "replicas": 1, "selector": {"matchLabels": {"app": name}},
+                "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "app", "image": APP_IMAGE, "imagePullPolicy": "Never", "command": ["/bin/tier-app"],
+                                    "env": [{"name": "APP_FILES", "value": f"/etc/app/{key}"}],
+                                    "volumeMounts": [{"name": "config", "mountPath": f"/etc/app/{key}", "subPath": key}]}],
+                    "volumes": [{"name": "config", "configMap": {"name": "shared", "items": [{"key": key, "path": key}]}}]}},
+            },
+        })
+    return objects
+
+
+def test_progressive_wave_of_one_key_rolls_its_first_user_alone():
+    """A progressive ConfigMap with two keys: its first three dependents (by name) read one key,
+    the other five the other. A broken change of the second key rolls exactly one workload, the
+    first that reads it (w03), whose new pod crash-loops, and the wave halts there: the dependents
+    of the other key are neither touched nor counted, and four of the changed key wait."""
+    ns = MIXED_NS
+    kubectl("create", "namespace", ns)
+    kubectl("label", "namespace", ns, "confighash.dev/enabled=true")
+    apply(mixed_key_objects(ns))
+    names = [f"w{i:02d}" for i in range(8)]
+    wait("the 8 Deployments rolled out", lambda: all(rolled_out(ns, "deployment", n) for n in names), 300, every=2)
+    base = {n: revision(ns, "deployment", n) for n in names}
+    offset = audit_offset()
+    changed = time.monotonic()
+    set_config_map(ns, "shared", "config.yml", "broken: true\nversion: 2\n")
+    wait("WaveHalted on the ConfigMap", lambda: events(ns, "shared", "WaveHalted") >= 1, 400, every=1)
+    halted_after = time.monotonic() - changed
+    rolled = [n for n in names if revision(ns, "deployment", n) != base[n]]
+    check(rolled == ["w03"], f"the broken change of one key rolled {rolled}, not its first user alone")
+    check(events(ns, "w03", "WaveHalted") == 1, "no WaveHalted on the halted Deployment")
+    writes = writes_since(offset, ns)
+    check(writes == [(ns, "deployments", "w03")], f"confighash's writes for the change: {writes}")
+    halt = [e for e in kj("-n", ns, "get", "events.events.k8s.io")["items"]
+            if e.get("reason") == "WaveHalted" and e.get("regarding", {}).get("name") == "shared"]
+    note = halt[0].get("note", "") if halt else ""
+    check("4 dependents wait" in note, f"the WaveHalted note does not count the 4 users of the key that wait: {note}")
+    for n in names[:3]:
+        configs = serving(ns, n, "/etc/app/other.yml")
+        check(configs and all("broken: false" in c for c in configs), f"{n} does not serve its key: {configs}")
+    for n in names[4:]:
+        configs = serving(ns, n)
+        check(configs and all("version: 1" in c for c in configs), f"{n}, waiting, does not serve the old config: {configs}")
+    log(f"mixed keys: broken change of one key to halt {halted_after:.1f} s; rolled {rolled}; writes {writes}")
     kubectl("delete", "namespace", ns, "--wait=false")
 
 
@@ -806,6 +873,7 @@ TESTS = [
     test_the_rollout_of_a_change_is_recorded_complete,
     test_a_rollout_whose_new_pods_crash_is_recorded_stalled,
     test_progressive_wave_halts_a_broken_config_at_the_first_workload,
+    test_progressive_wave_of_one_key_rolls_its_first_user_alone,
     test_secret_env_change_rolls_searxng_once,
     test_env_from_secret_rolls_litellm_once,
     test_label_only_and_identical_rewrites_roll_nothing,

@@ -29,6 +29,15 @@ struct KindLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Why a watch gives up streaming lists: `confighash_cluster::watch::Fallback`'s labels.
+pub const STREAMING_LIST_FALLBACK_REASONS: [&str; 4] =
+    ["refused", "quiet", "broken", "closed_after_bookmark"];
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -186,6 +195,10 @@ metrics! {
         "Webhook connections that ended with an error (HTTP/2 streams reset too often, a malformed frame, a reset connection): logged at most once a minute";
     watch_forbidden: Family<NamespaceKindLabels, Counter> = Default::default(), "watch_forbidden",
         "Lists and watches of a namespace of --watch-namespaces refused with 403 (no Role there grants them): logged at most once a minute per watch; the other namespaces go on";
+    streaming_list_fallbacks: Family<ReasonLabels, Counter> = Default::default(), "streaming_list_fallbacks",
+        "Watches that gave up streaming lists (sendInitialEvents) for paged lists, by reason: refused (the API server does not serve them), quiet (no end bookmark for 30 s), broken (3 in a row broke before their end), closed_after_bookmark (3 in a row were listed again at once)";
+    kinds_unlistable: Family<KindLabels, Gauge> = Default::default(), "workload_kind_unlistable",
+        "1 while a workload kind's list keeps failing (403, a broken conversion webhook of its CRD): it counts as listed and empty, so every other kind rolls; its watch keeps trying";
     cert_reloads: Counter = Default::default(), "certificate_reloads",
         "Serving certificates loaded after a change on disk";
     cert_reload_failures: Counter = Default::default(), "certificate_reload_failures",
@@ -277,6 +290,11 @@ impl Metrics {
         for outcome in ROLLOUT_OUTCOMES {
             let _ = metrics.rollouts.get_or_create(&OutcomeLabels { outcome });
         }
+        for reason in STREAMING_LIST_FALLBACK_REASONS {
+            let _ = metrics
+                .streaming_list_fallbacks
+                .get_or_create(&ReasonLabels { reason });
+        }
         metrics.prepare_dry_run();
         metrics
     }
@@ -366,6 +384,21 @@ impl Metrics {
                 });
             }
         }
+    }
+
+    /// Counts a watch that gave up streaming lists for paged ones.
+    pub fn streaming_list_fallback(&self, reason: &'static str) {
+        debug_assert!(STREAMING_LIST_FALLBACK_REASONS.contains(&reason));
+        self.streaming_list_fallbacks
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Watches that gave up streaming lists for `reason`.
+    pub fn streaming_list_fallbacks(&self, reason: &'static str) -> u64 {
+        self.streaming_list_fallbacks
+            .get_or_create(&ReasonLabels { reason })
+            .get()
     }
 
     /// Counts a list or watch of `kind` in `namespace` refused with 403.
@@ -504,6 +537,9 @@ impl Metrics {
             let _ = self
                 .watched
                 .get_or_create(&KindLabels { kind: kind.kind() });
+            let _ = self
+                .kinds_unlistable
+                .get_or_create(&KindLabels { kind: kind.kind() });
         }
     }
 
@@ -585,6 +621,13 @@ impl Metrics {
     /// How many ConfigMaps and Secrets the flap guard holds, as last set.
     pub fn config_flapping(&self) -> u64 {
         u64::try_from(self.config_flapping.get()).unwrap_or(0)
+    }
+
+    /// Whether `kind`'s list keeps failing (it counts as listed, empty).
+    pub fn set_kind_unlistable(&self, kind: &'static str, unlistable: bool) {
+        self.kinds_unlistable
+            .get_or_create(&KindLabels { kind })
+            .set(i64::from(unlistable));
     }
 
     /// How many progressive waves are halted now.

@@ -1145,8 +1145,9 @@ pub fn code_requests(install: &Install) -> Vec<Req> {
         // crates/watcher/src/run.rs: watches of Namespaces, cluster-wide.
         req("list", "", "namespaces", None, None),
         req("watch", "", "namespaces", None, None),
-        // crates/watcher/src/run.rs: a progressive wave lists a workload's pods by its selector.
+        // crates/watcher/src/pod_watch.rs: a progressive wave watches the pods of a namespace.
         req("list", "", "pods", app, None),
+        req("watch", "", "pods", app, None),
         // kube's Recorder: an events.k8s.io Event, patched when it repeats.
         req("create", EVENTS, "events", app, None),
         req("patch", EVENTS, "events", app, Some("web.17a2b3c4d5e6f708")),
@@ -1263,11 +1264,9 @@ pub fn forbidden_requests(install: &Install) -> Vec<Req> {
         req("patch", "", "secrets", own, key),
         req("delete", "", "secrets", own, key),
         req("delete", "", "secrets", own, certs),
-        // Pods, anywhere: nothing but list (progressive waves look at a workload's pods by its
-        // selector; a ClusterRole that grants that in every namespace grants the cluster-wide
-        // list too, which shows no more than listing the workloads does).
-        req("watch", "", "pods", None, None),
-        req("watch", "", "pods", app, None),
+        // Pods, anywhere: nothing but list and watch (progressive waves watch the pods of a
+        // namespace while they judge there; a ClusterRole that grants that in every namespace
+        // grants the cluster-wide list too, which shows no more than listing the workloads does).
         req("get", "", "pods", app, Some("web-abc")),
         req("create", "", "pods", app, None),
         req("delete", "", "pods", app, Some("web-abc")),

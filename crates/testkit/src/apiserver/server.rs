@@ -55,6 +55,13 @@ pub struct Options {
     /// (`k8s.io/initial-events-end`) is never sent, as behind a proxy that drops it. Not a
     /// behaviour of kube-apiserver.
     pub drop_initial_events_end: bool,
+    /// A fault: a watch list's stream ends after this many initial events, before its end
+    /// bookmark, every time (kubernetes#138557: under load a broken stream starts again from
+    /// zero and never gets through). Not a behaviour of a healthy kube-apiserver.
+    pub break_initial_events_after: Option<usize>,
+    /// A fault: a watch list's stream ends right after its end bookmark (kubernetes#134837).
+    /// A watch resumed from the bookmark's version is served as usual.
+    pub close_after_initial_events_end: bool,
 }
 
 impl Default for Options {
@@ -66,6 +73,8 @@ impl Default for Options {
             namespace_cache_lag: Duration::ZERO,
             watch_list: true,
             drop_initial_events_end: false,
+            break_initial_events_after: None,
+            close_after_initial_events_end: false,
         }
     }
 }
@@ -126,6 +135,8 @@ pub(crate) struct Shared {
     namespace_lag: Mutex<Duration>,
     watch_list: bool,
     drop_initial_events_end: bool,
+    break_initial_events_after: Option<usize>,
+    close_after_initial_events_end: bool,
     /// Work the server does on its own (emptying deleted namespaces), ended with the server.
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -180,6 +191,8 @@ impl ApiServer {
             namespace_lag: Mutex::new(options.namespace_cache_lag),
             watch_list: options.watch_list,
             drop_initial_events_end: options.drop_initial_events_end,
+            break_initial_events_after: options.break_initial_events_after,
+            close_after_initial_events_end: options.close_after_initial_events_end,
             background: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -794,7 +807,7 @@ fn discovery(served: &[&'static ResourceInfo], target: Target) -> ApiResult {
         Target::ResourceList(group, version) => {
             resources::api_resource_list(served, &group, &version).ok_or_else(ApiError::no_route)?
         }
-        Target::Version => json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-standin"}),
+        Target::Version => json!({"major": "1", "minor": "37", "gitVersion": "v1.37.2-standin"}),
         Target::Resource { .. } => return Err(ApiError::no_route()),
     };
     Ok(ok_json(StatusCode::OK, &body))
@@ -1369,8 +1382,14 @@ fn watch_stream(
     let interval = shared.bookmark_interval;
     let kind = resource.kind;
     let api_version = resource.api_version();
+    // The faults of watch lists.
+    let break_after = initial_end.and(shared.break_initial_events_after);
+    let close_after_end = initial_end.is_some() && shared.close_after_initial_events_end;
     let stream = async_stream(move |tx| async move {
-        for e in initial {
+        for (sent, e) in initial.into_iter().enumerate() {
+            if break_after == Some(sent) {
+                return;
+            }
             if tx.send(line(&e)).await.is_err() {
                 return;
             }
@@ -1383,7 +1402,7 @@ fn watch_stream(
                     "annotations": {"k8s.io/initial-events-end": "true"}
                 }
             }});
-            if tx.send(line(&bookmark)).await.is_err() {
+            if tx.send(line(&bookmark)).await.is_err() || close_after_end {
                 return;
             }
         }
