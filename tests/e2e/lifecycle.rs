@@ -391,6 +391,34 @@ async fn a_change_made_while_the_watches_are_down_is_carried_by_the_relist() {
     assert_eq!(env.metrics.touches("touched") - touched, 2);
 }
 
+/// As above, on an API server that ends a watch from a compacted version at once with no event
+/// instead of the 410 it owes (kube-apiserver does for Events, and was seen to on 1.35 after a
+/// restart and a compaction): the watcher does not resume from that version for ever but lists
+/// again, and the change rolls once.
+#[tokio::test]
+async fn a_watch_ended_at_once_without_its_410_lists_again_and_the_change_rolls_once() {
+    let Some(env) = Env::stand_in_with(
+        "a_watch_ended_at_once_without_its_410_lists_again_and_the_change_rolls_once",
+        "ends expired watches without a 410, refuses and closes watches, compacts history",
+        Setup {
+            silent_expired_watches: true,
+            ..Setup::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    shop(&env).await;
+
+    change_while_the_watches_are_down(&env).await;
+    env.api().clear_faults();
+    env.wait_rollouts(NS, "Deployment", "web", 1).await;
+    env.barrier(NS).await;
+    assert_eq!(env.rollouts(NS, "Deployment", "web").await, 1);
+    assert_eq!(env.events(NS, "web", "ConfigChanged").await, 1);
+}
+
 /// The watcher's lists are streaming lists where the API server serves them, and pages of
 /// `list` calls where it refuses them (kube-apiserver 1.33, whose `WatchList` gate is off):
 /// either way a change rolls once, and a relist after 410 carries a change made while the

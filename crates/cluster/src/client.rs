@@ -45,6 +45,16 @@
 //!   ends the stream, so the watcher watches again from the last version it saw and no event is
 //!   lost. Blank lines are dropped; a last line cut short by the end of the stream is dropped as
 //!   kube does.
+//! - **A resumed watch that ends at once with nothing** (a watch from a `resourceVersion`, not a
+//!   list, ended by the server within [`SHORT_WATCH`] of being asked for, without one line) ends
+//!   with a 410 `ERROR` event added, so that kube-runtime's watcher lists again instead of
+//!   resuming from the same version for ever. An API server that cannot serve a version closes
+//!   such a watch without the 410 it owes in some states (the Events resource, kubernetes#104171
+//!   and #137089; kube-apiserver 1.35 after a restart and a compaction, seen in
+//!   docs/compatibility.md), and kube-runtime resumes a cleanly closed watch from the same version
+//!   at once, with no backoff: a loop of empty watches that never sees a change. client-go's
+//!   reflector treats such a "very short watch" as an error and lists again, after a pause; here
+//!   the 410 is an error the watch's backoff counts.
 //! - **Requests marked [`DecodedByCaller`]** (the webhook's lookups, which read the body
 //!   themselves, count it against the review memory budget and never quote it): error answers are
 //!   sanitized as above, success bodies pass unread.
@@ -55,6 +65,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
@@ -84,12 +95,18 @@ pub const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 pub const MAX_WATCH_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// The most of an error body read to find its reason.
 pub const MAX_ERROR_BYTES: usize = 1024 * 1024;
+/// A resumed watch the server ends this soon without a line did not work: see the module
+/// documentation. client-go's reflector uses the same second.
+pub const SHORT_WATCH: Duration = Duration::from_secs(1);
 
 /// The message of every error Status passed on.
 const WITHHELD: &str =
     "the API server's message was withheld by confighash: it can quote object content";
 /// The message of the 500 that replaces an answer that does not parse.
 const UNDECODABLE: &str = "the API server's answer could not be decoded as what was asked for and was withheld by confighash";
+/// The message of the 410 added to a resumed watch that ended at once without a line.
+const SHORT_WATCH_ENDED: &str = "the API server ended this watch at once without an event; \
+     confighash takes its resourceVersion as expired and lists again";
 /// The message of the 500 that replaces an answer larger than the layer reads.
 const TOO_LARGE: &str = "the API server's answer was too large and was withheld by confighash";
 /// The message of the 500 that replaces the answer to a request for a resource confighash does
@@ -214,10 +231,11 @@ where
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let expect = Expect::of(&request, self.reads);
         let what = format!("{} {}", request.method(), request.uri().path());
+        let resumed = resumes_a_watch(&request).then(tokio::time::Instant::now);
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await.map_err(Into::into)?;
-            sanitize(expect, &what, response).await
+            sanitize(expect, resumed, &what, response).await
         })
     }
 }
@@ -327,6 +345,22 @@ impl Ty {
             | Ty::VersionInfo => return None,
         })
     }
+}
+
+/// Whether `request` resumes a watch from a version: `watch` with a `resourceVersion` other than
+/// none and "0" (any version), and no `sendInitialEvents` (which lists first).
+fn resumes_a_watch<B>(request: &Request<B>) -> bool {
+    let (mut watch, mut version, mut lists) = (false, false, false);
+    for pair in request.uri().query().unwrap_or("").split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        match k {
+            "watch" => watch = is_true(v),
+            "resourceVersion" => version = !v.is_empty() && v != "0",
+            "sendInitialEvents" => lists = is_true(v),
+            _ => {}
+        }
+    }
+    watch && version && !lists
 }
 
 /// A query parameter's value as the API server reads a boolean (Go's `strconv.ParseBool`).
@@ -711,8 +745,10 @@ where
         .unwrap_or_default()
 }
 
+/// `resumed`: when the request was sent, if it resumes a watch ([`resumes_a_watch`]).
 async fn sanitize<B>(
     expect: Expect,
+    resumed: Option<tokio::time::Instant>,
     what: &str,
     response: Response<B>,
 ) -> Result<Response<AnswerBody>, BoxError>
@@ -746,7 +782,7 @@ where
         }
         Expect::Watch(ty) => Ok(answer(
             status,
-            WatchLines::new(response.into_body(), ty).boxed_unsync(),
+            WatchLines::new(response.into_body(), ty, resumed).boxed_unsync(),
         )),
         Expect::Unknown => {
             tracing::warn!(
@@ -818,15 +854,18 @@ struct WatchLines<B> {
     partial: Vec<u8>,
     /// Lines checked and not yet passed on.
     ready: VecDeque<Bytes>,
+    /// When a watch resumed from a version was asked for, until its first line.
+    resumed: Option<tokio::time::Instant>,
 }
 
 impl<B> WatchLines<B> {
-    fn new(inner: B, ty: Ty) -> Self {
+    fn new(inner: B, ty: Ty, resumed: Option<tokio::time::Instant>) -> Self {
         WatchLines {
             inner: Some(inner),
             ty,
             partial: Vec::new(),
             ready: VecDeque::new(),
+            resumed,
         }
     }
 
@@ -845,6 +884,7 @@ impl<B> WatchLines<B> {
         if line.iter().all(u8::is_ascii_whitespace) {
             return true;
         }
+        self.resumed = None;
         match check_event(self.ty, line) {
             LineVerdict::Pass => {
                 let mut out = Vec::with_capacity(line.len() + 1);
@@ -899,14 +939,27 @@ impl<B> WatchLines<B> {
     fn end(&mut self) {
         self.inner = None;
         let last = std::mem::take(&mut self.partial);
-        if last.iter().all(u8::is_ascii_whitespace) {
-            return;
-        }
-        match serde_json::from_slice::<serde::de::IgnoredAny>(&last) {
-            Err(e) if e.is_eof() => {}
-            _ => {
-                self.line(&last);
+        if !last.iter().all(u8::is_ascii_whitespace) {
+            match serde_json::from_slice::<serde::de::IgnoredAny>(&last) {
+                Err(e) if e.is_eof() => {}
+                _ => {
+                    self.line(&last);
+                }
             }
+        }
+        if let Some(asked) = self.resumed.take()
+            && asked.elapsed() < SHORT_WATCH
+        {
+            tracing::info!(
+                expected = ?self.ty,
+                "a resumed watch ended at once without an event; listing again"
+            );
+            self.ready.push_back(Bytes::from(error_event(&status_json(
+                410,
+                "Expired",
+                SHORT_WATCH_ENDED,
+                false,
+            ))));
         }
     }
 }

@@ -528,6 +528,120 @@ async fn watch_lines_are_checked_one_by_one() {
     assert_eq!(lines, vec![good.to_owned()]);
 }
 
+/// The lines a watch of `path` becomes when the server sends `input` after `after` and ends it.
+async fn watch_lines_after(path: &str, input: &'static str, after: Duration) -> Vec<String> {
+    let mut svc = SanitizeLayer { reads: ALL }.layer(tower::service_fn(
+        move |_req: Request<Body>| async move {
+            let body = futures::stream::once(async move {
+                tokio::time::sleep(after).await;
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(input.as_bytes())))
+            });
+            Ok::<_, Infallible>(Response::new(StreamBody::new(body.boxed())))
+        },
+    ));
+    let response = svc.call(get(path)).await.unwrap();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec())
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resumed_watch_ended_at_once_without_a_line_ends_with_a_410() {
+    let resumed = "/api/v1/secrets?watch=true&resourceVersion=5&allowWatchBookmarks=true";
+    let lines = watch_lines_after(resumed, "", Duration::from_millis(5)).await;
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let event: Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(event["type"], "ERROR");
+    assert_eq!(
+        event["object"]["code"], 410,
+        "kube-runtime lists again on a 410"
+    );
+    assert_eq!(event["object"]["reason"], "Expired");
+
+    let bookmark = "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"Secret\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":\"6\"}}}\n";
+    for (path, input, after, why) in [
+        (
+            resumed,
+            bookmark,
+            Duration::ZERO,
+            "a watch that sent a line worked",
+        ),
+        (
+            resumed,
+            "",
+            2 * SHORT_WATCH,
+            "a watch that lasted ended for a reason of its own",
+        ),
+        (
+            "/api/v1/secrets?watch=true",
+            "",
+            Duration::ZERO,
+            "a watch from now",
+        ),
+        (
+            "/api/v1/secrets?watch=true&resourceVersion=0",
+            "",
+            Duration::ZERO,
+            "a watch from any version",
+        ),
+        (
+            "/api/v1/secrets?watch=true&resourceVersion=5&sendInitialEvents=true",
+            "",
+            Duration::ZERO,
+            "a streaming list (its own failures are counted by the watch)",
+        ),
+    ] {
+        let lines = watch_lines_after(path, input, after).await;
+        assert!(
+            lines.iter().all(|l| !l.contains("\"ERROR\"")),
+            "{why}: {lines:?}"
+        );
+    }
+}
+
+/// An API server that closes every watch from a version at once, saying nothing (as it does for
+/// a version it cannot serve in some states): kube-runtime's watcher would resume from the same
+/// version for ever and never see a change; through the layer it lists again, and the change
+/// the second list holds is seen.
+#[tokio::test]
+async fn a_watch_closed_at_once_again_and_again_lists_again_and_sees_the_change() {
+    let lists = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = lists.clone();
+    let client = client(move |_method, target| {
+        if target.contains("watch=true") {
+            return (200, String::new());
+        }
+        let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let item = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "s", "namespace": "a", "resourceVersion": (n + 2).to_string()},
+            "data": {"k": if n == 0 { "b2xk" } else { "bmV3" }}});
+        (
+            200,
+            json!({"kind": "SecretList", "apiVersion": "v1",
+                "metadata": {"resourceVersion": (n + 2).to_string()}, "items": [item]})
+            .to_string(),
+        )
+    });
+    let api: Api<Secret> = Api::all(client);
+    let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()));
+    let seen = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::InitApply(s)) = event
+                && s.data.unwrap()["k"].0 == b"new"
+            {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(seen, Ok(true), "the second list's change was never seen");
+    assert!(lists.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+}
+
 #[tokio::test]
 async fn a_watch_line_longer_than_the_bound_ends_the_watch() {
     let mut input = br#"{"type":"ADDED","object":{"kind":"Secret","data":{"k":""#.to_vec();

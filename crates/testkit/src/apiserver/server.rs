@@ -62,6 +62,11 @@ pub struct Options {
     /// A fault: a watch list's stream ends right after its end bookmark (kubernetes#134837).
     /// A watch resumed from the bookmark's version is served as usual.
     pub close_after_initial_events_end: bool,
+    /// A watch resumed from a compacted version ends at once with no event, instead of the 410
+    /// ERROR event it owes: what kube-apiserver does for Events (served from etcd, not the watch
+    /// cache: kubernetes#104171, #137089) and, seen on 1.35, for other resources after a restart
+    /// and a compaction.
+    pub silent_expired_watches: bool,
 }
 
 impl Default for Options {
@@ -75,6 +80,7 @@ impl Default for Options {
             drop_initial_events_end: false,
             break_initial_events_after: None,
             close_after_initial_events_end: false,
+            silent_expired_watches: false,
         }
     }
 }
@@ -137,6 +143,7 @@ pub(crate) struct Shared {
     drop_initial_events_end: bool,
     break_initial_events_after: Option<usize>,
     close_after_initial_events_end: bool,
+    silent_expired_watches: bool,
     /// Work the server does on its own (emptying deleted namespaces), ended with the server.
     background: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -193,6 +200,7 @@ impl ApiServer {
             drop_initial_events_end: options.drop_initial_events_end,
             break_initial_events_after: options.break_initial_events_after,
             close_after_initial_events_end: options.close_after_initial_events_end,
+            silent_expired_watches: options.silent_expired_watches,
             background: Mutex::new(Vec::new()),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -1361,6 +1369,9 @@ fn watch_stream(
             }
             (_, Some(rv)) => match store.since(rv) {
                 Some(events) => initial.extend(events.filter_map(&filter)),
+                None if ctx.shared.silent_expired_watches => {
+                    return Ok(stream_response(futures::stream::empty().boxed()));
+                }
                 None => {
                     let status = ApiError::gone(format!(
                         "too old resource version: {rv} ({})",

@@ -147,6 +147,9 @@ pub struct Setup {
     pub dry_run: bool,
     /// Whether the stand-in serves streaming lists (kube-apiserver's `WatchList` feature gate).
     pub watch_list: bool,
+    /// Whether a watch resumed from a compacted version ends at once with no event
+    /// (`apiserver::Options::silent_expired_watches`).
+    pub silent_expired_watches: bool,
 }
 
 impl Default for Setup {
@@ -168,6 +171,7 @@ impl Default for Setup {
             lookup_deadline: Duration::from_secs(2),
             dry_run: false,
             watch_list: true,
+            silent_expired_watches: false,
         }
     }
 }
@@ -188,6 +192,7 @@ impl Env {
         let api = ApiServer::start_with(crate::apiserver::Options {
             rollouts_served: setup.rollouts_served,
             watch_list: setup.watch_list,
+            silent_expired_watches: setup.silent_expired_watches,
             ..Default::default()
         })
         .await;
