@@ -330,7 +330,7 @@ impl Shell {
             let kube_event = KubeEvent {
                 type_: event.type_,
                 reason: event.reason.to_owned(),
-                note: Some(event.note),
+                note: Some(within_note_limit(event.note)),
                 action: event.action.to_owned(),
                 secondary: None,
             };
@@ -434,7 +434,7 @@ impl Shell {
         let event = KubeEvent {
             type_: event.type_,
             reason: reason.to_owned(),
-            note: Some(event.note),
+            note: Some(within_note_limit(event.note)),
             action: event.action.to_owned(),
             secondary: None,
         };
@@ -452,6 +452,26 @@ impl Shell {
             .in_current_span(),
         );
     }
+}
+
+/// The longest Event note the API server takes (`events.k8s.io/v1`, in bytes): a longer one is
+/// refused, and the Event with it.
+pub const EVENT_NOTE_MAX: usize = 1024;
+
+/// `note`, cut at a character boundary to fit [`EVENT_NOTE_MAX`] with "..." at its end when it
+/// did not fit.
+fn within_note_limit(mut note: String) -> String {
+    const MORE: &str = "...";
+    if note.len() <= EVENT_NOTE_MAX {
+        return note;
+    }
+    let mut end = EVENT_NOTE_MAX - MORE.len();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push_str(MORE);
+    note
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -1058,6 +1078,31 @@ mod tests {
 
     fn namespace(object: Value) -> Namespace {
         serde_json::from_value(object).unwrap()
+    }
+
+    #[test]
+    fn event_notes_are_cut_to_what_the_api_server_takes() {
+        let short = "ConfigMap app-env changed".to_owned();
+        assert_eq!(within_note_limit(short.clone()), short);
+        let exact = "x".repeat(EVENT_NOTE_MAX);
+        assert_eq!(within_note_limit(exact.clone()), exact);
+        let long = "ConfigMap a-very-long-name changed; ".repeat(200);
+        let cut = within_note_limit(long.clone());
+        assert_eq!(cut.len(), EVENT_NOTE_MAX);
+        assert!(cut.ends_with("...") && long.starts_with(&cut[..EVENT_NOTE_MAX - 3]));
+        // Never inside a character: four-byte ones from the start.
+        let wide = "\u{1F600}".repeat(EVENT_NOTE_MAX);
+        let cut = within_note_limit(wide);
+        assert!(
+            cut.len() <= EVENT_NOTE_MAX && cut.ends_with("..."),
+            "{}",
+            cut.len()
+        );
+        assert!(
+            cut.trim_end_matches("...")
+                .chars()
+                .all(|c| c == '\u{1F600}')
+        );
     }
 
     #[test]

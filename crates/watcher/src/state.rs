@@ -721,16 +721,7 @@ fn config_changed(
     changed: &BTreeSet<ConfigKey>,
     rolls_by_itself: bool,
 ) -> WorkloadEvent {
-    let what = if changed.is_empty() {
-        STALE.to_owned()
-    } else {
-        changed
-            .iter()
-            .map(|(_, r)| r.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-            + " changed"
-    };
+    let what = what_changed(changed);
     let (type_, note) = if rolls_by_itself {
         (
             EventType::Normal,
@@ -762,11 +753,7 @@ fn would_roll(
     changed: &BTreeSet<ConfigKey>,
     rolls_by_itself: bool,
 ) -> WorkloadEvent {
-    let what = if changed.is_empty() {
-        STALE.to_owned()
-    } else {
-        changed_names(changed)
-    };
+    let what = what_changed(changed);
     let note = if rolls_by_itself {
         format!(
             "{what}; confighash would re-stamp the pod template and its pods would roll (dry run)"
@@ -790,6 +777,16 @@ fn would_roll(
 /// The API resource of a workload kind, its plural as kube makes one from the kind's name
 /// (discovery's, where known, is the watcher's to prefer).
 pub use confighash_cluster::discover::named_resource as api_resource;
+
+/// What a touch is for, in its log line and Events: the objects that changed, or, when none did,
+/// that reconcile found the stamp stale.
+fn what_changed(changed: &BTreeSet<ConfigKey>) -> String {
+    if changed.is_empty() {
+        STALE.to_owned()
+    } else {
+        changed_names(changed)
+    }
+}
 
 /// "ConfigMap a changed", "ConfigMap a, Secret b changed"; the first few of many, so an Event's
 /// note stays short.

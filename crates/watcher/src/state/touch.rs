@@ -223,11 +223,7 @@ impl State {
         let Some(entry) = self.workloads.get(&key) else {
             return;
         };
-        let why = if pending.changed.is_empty() {
-            STALE.to_owned()
-        } else {
-            changed_names(&pending.changed)
-        };
+        let why = what_changed(&pending.changed);
         let believed = match &entry.stamp {
             Some(stamp) => Believed::Stamp(stamp.clone()),
             None => Believed::ResourceVersion(entry.resource_version.clone()),

@@ -123,6 +123,29 @@ fn changed_names_stay_short() {
         changed_names(&many),
         "Secret s0, Secret s1, Secret s2 and 2 more changed"
     );
+    // Every Event that says what changed says it so: a workload with 300 references that all
+    // changed gets a ConfigChanged note of three names, not 300.
+    let all: BTreeSet<ConfigKey> = (0..300)
+        .map(|i| {
+            key(
+                ObjectKind::ConfigMap,
+                &format!("a-long-config-map-name-{i:03}"),
+            )
+        })
+        .collect();
+    let web = WorkloadKey::new(WorkloadKind::DEPLOYMENT, "shop", "web");
+    for event in [
+        crate::state::config_changed(&web, "uid", &all, true),
+        crate::state::config_changed(&web, "uid", &all, false),
+        crate::state::would_roll(&web, "uid", &all, true),
+    ] {
+        assert!(
+            event.note.contains(" and 297 more changed; "),
+            "{}",
+            event.note
+        );
+        assert!(event.note.len() < 400, "{}", event.note.len());
+    }
 }
 
 #[test]
