@@ -518,7 +518,7 @@ pub struct State {
     /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
     terminating: HashSet<String>,
     /// The rollouts after config changes the leader follows ([`follow`]).
-    following: HashMap<WorkloadKey, follow::Following>,
+    rollouts: follow::Rollouts,
     /// What the input being handled asks for.
     effects: Vec<Effect>,
     /// What is known of each workload besides its index entry, one record each: forgetting a
@@ -546,6 +546,7 @@ impl State {
             window: ChangeWindow::new(config.debounce),
             flaps: FlapGuard::new(config.flap_threshold, config.flap_period),
             pacer: Pacer::new(config.debounce, config.max_touches_per_second, TOUCH_BURST),
+            rollouts: follow::Rollouts::new(config.rollout_timeout, metrics.clone()),
             config,
             key,
             metrics,
@@ -566,7 +567,6 @@ impl State {
             last_cause: None,
             started,
             terminating: HashSet::new(),
-            following: HashMap::new(),
             effects: Vec::new(),
             per_workload: HashMap::new(),
             waves: wave::Waves::default(),
@@ -607,7 +607,10 @@ impl State {
             .filter_map(|(k, p)| self.due_at(k, p))
             .min();
         // The deadline of a followed rollout wakes it too.
-        let pending = pending.into_iter().chain(self.next_follow_deadline()).min();
+        let pending = pending
+            .into_iter()
+            .chain(self.rollouts.next_deadline())
+            .min();
         let pending = pending.into_iter().chain(self.next_wave_wake()).min();
         [
             self.window.closes_at(),
@@ -682,7 +685,7 @@ impl State {
             .set_touches(self.pending.len(), self.in_flight.len());
         self.metrics
             .set_touch_wave_eta(self.pending.len(), self.config.max_touches_per_second);
-        self.metrics.set_rollouts_followed(self.following.len());
+        self.metrics.set_rollouts_followed(self.rollouts.len());
         std::mem::take(&mut self.effects)
     }
 
@@ -707,7 +710,7 @@ impl State {
     fn forget(&mut self, key: &WorkloadKey) {
         self.per_workload.remove(key);
         self.pending.remove(key);
-        self.stop_following(key, "gone");
+        self.rollouts.stop(key, "gone");
     }
 }
 
@@ -791,6 +794,12 @@ fn what_changed(changed: &BTreeSet<ConfigKey>) -> String {
 /// "ConfigMap a changed", "ConfigMap a, Secret b changed"; the first few of many, so an Event's
 /// note stays short.
 fn changed_names(changed: &BTreeSet<ConfigKey>) -> String {
+    config_names(changed) + " changed"
+}
+
+/// "ConfigMap a", "ConfigMap a, Secret b", "ConfigMap a, ConfigMap b, ConfigMap c and 4 more":
+/// the first few of many, so every Event that names changed objects names a few.
+fn config_names(changed: &BTreeSet<ConfigKey>) -> String {
     const SHOWN: usize = 3;
     let names: Vec<String> = changed
         .iter()
@@ -801,7 +810,7 @@ fn changed_names(changed: &BTreeSet<ConfigKey>) -> String {
     if changed.len() > SHOWN {
         text += &format!(" and {} more", changed.len() - SHOWN);
     }
-    text + " changed"
+    text
 }
 
 /// A retry delay as people read it: milliseconds under a second, else whole seconds (`40s`,

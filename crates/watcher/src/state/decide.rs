@@ -144,7 +144,9 @@ impl State {
             self.waves_due(now);
             self.touch_due(now);
         }
-        self.follow_due(now);
+        let mut events = Vec::new();
+        self.rollouts.due(now, &mut events);
+        self.record_all(events);
         self.pacer.forget_old(now);
     }
 

@@ -5,7 +5,7 @@
 //! Only what this needs is kept, and only for the rollouts followed: the touch's stamp, what
 //! changed and when, and a deadline. Where a rollout stands comes with every watch event of the
 //! workload ([`WorkloadEntry::rollout`], one byte read from its `status`), and is looked at only
-//! for the workloads in [`State::following`].
+//! for the workloads in [`Rollouts`].
 //!
 //! - The watch events of the workload that carry the touch's stamp judge it: `Complete` records
 //!   a Normal `RolloutComplete`, `Stalled` (a Deployment past its progress deadline, an Argo
@@ -24,14 +24,17 @@
 //! - Only the leader follows. A replica that stops leading lets go of everything: a new leader
 //!   does not know what the old one followed, and records no outcome for those rollouts.
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::runtime::events::EventType;
 
-use super::{InFlight, State, WorkloadEvent, format_delay};
-use crate::index::{ConfigKey, WorkloadEntry, WorkloadKey};
+use super::{InFlight, WorkloadEvent, config_names, format_delay};
+use crate::index::{WorkloadEntry, WorkloadKey};
 use crate::rollout::Progress;
 use confighash_core::workload::WorkloadKind;
+use confighash_metrics::Metrics;
 
 pub use confighash_core::names::ROLLOUT_COMPLETE_REASON;
 pub use confighash_core::names::ROLLOUT_STALLED_REASON;
@@ -63,28 +66,48 @@ pub(super) struct Following {
 /// of the controller's work may come before it).
 pub(super) type WatchedInFlight = (Option<String>, Option<Progress>);
 
-impl State {
-    /// A touch took: follows its rollout, if a config change caused it and the workload's pods
-    /// roll by themselves. It replaces what was followed of the workload.
+/// The rollouts the leader follows, each until its outcome is known: a part of [`State`](super::State) that
+/// owns its records. What it has to say comes out as Events for the caller to record and as
+/// outcomes counted in `confighash_rollouts_total`.
+pub(super) struct Rollouts {
+    following: HashMap<WorkloadKey, Following>,
+    /// `--rollout-timeout`.
+    rollout_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl Rollouts {
+    pub(super) fn new(rollout_timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Rollouts {
+            following: HashMap::new(),
+            rollout_timeout,
+            metrics,
+        }
+    }
+
+    /// How many rollouts are followed.
+    pub(super) fn len(&self) -> usize {
+        self.following.len()
+    }
+
+    /// A touch of the leader took, leaving `stamp`: follows its rollout, if a config change
+    /// caused it and the workload's pods roll by themselves. It replaces what was followed of
+    /// the workload.
     pub(super) fn follow(
         &mut self,
         key: &WorkloadKey,
         touch: &InFlight,
-        stamp: Option<&str>,
+        stamp: &str,
         now: Instant,
+        events: &mut Vec<WorkloadEvent>,
     ) {
         let kind = key.kind.kind();
-        let (Some(stamp), true) = (stamp, self.leader) else {
-            return;
-        };
-        if self.following.remove(key).is_some() {
-            self.metrics.rollout_outcome("superseded");
-        }
+        self.stop(key, "superseded");
         if touch.pending.changed.is_empty() || !touch.rolls_by_itself || !has_rollout(kind) {
             return;
         }
         let wait = match kind {
-            WorkloadKind::STATEFUL_SET | WorkloadKind::DAEMON_SET => self.config.rollout_timeout,
+            WorkloadKind::STATEFUL_SET | WorkloadKind::DAEMON_SET => self.rollout_timeout,
             _ => FOLLOW_AT_MOST,
         };
         let following = Following {
@@ -101,21 +124,18 @@ impl State {
         if let Some((Some(seen), progress)) = &touch.watched
             && seen == stamp
         {
-            self.rollout_seen(key, *progress, now);
+            self.seen(key, *progress, now, events);
         }
     }
 
-    /// A watch event of a workload: what a touch in flight has seen of it, and how its followed
-    /// rollout stands. Called before the index takes the entry.
-    pub(super) fn follow_watched(
+    /// A watch event of a workload: how its followed rollout stands.
+    pub(super) fn watched(
         &mut self,
         key: &WorkloadKey,
         entry: &WorkloadEntry,
         now: Instant,
+        events: &mut Vec<WorkloadEvent>,
     ) {
-        if let Some(touch) = self.in_flight.get_mut(key) {
-            touch.watched = Some((entry.stamp.clone(), entry.rollout));
-        }
         let Some(following) = self.following.get(key) else {
             return;
         };
@@ -124,20 +144,26 @@ impl State {
                 // The template was written again since the touch: its rollout is not the one
                 // followed any more (a new touch of ours follows its own).
                 tracing::debug!(workload = %key, "its template changed again: rollout no longer followed");
-                self.stop_following(key, "superseded");
+                self.stop(key, "superseded");
             }
             return;
         }
         if !entry.rolls_by_itself {
             tracing::debug!(workload = %key, "paused: rollout no longer followed");
-            self.stop_following(key, "abandoned");
+            self.stop(key, "abandoned");
             return;
         }
-        self.rollout_seen(key, entry.rollout, now);
+        self.seen(key, entry.rollout, now, events);
     }
 
     /// The followed rollout of `key` as an event with the touch's stamp shows it.
-    fn rollout_seen(&mut self, key: &WorkloadKey, progress: Option<Progress>, now: Instant) {
+    fn seen(
+        &mut self,
+        key: &WorkloadKey,
+        progress: Option<Progress>,
+        now: Instant,
+        events: &mut Vec<WorkloadEvent>,
+    ) {
         let Some(following) = self.following.get_mut(key) else {
             return;
         };
@@ -155,7 +181,7 @@ impl State {
                 }
                 tracing::info!(workload = %key, changed = f.what, "rollout complete");
                 let note = format!("pods now run the config of {}, {}", f.what, f.ago(now));
-                self.record(WorkloadEvent {
+                events.push(WorkloadEvent {
                     workload: key.clone(),
                     uid: f.uid,
                     type_: EventType::Normal,
@@ -175,17 +201,17 @@ impl State {
                         crate::rollout::PROGRESS_DEADLINE_EXCEEDED
                     ),
                 };
-                self.stalled(key, f, &why, now);
+                events.push(self.stalled(key, f, &why, now));
             }
             Some(Progress::Rolling) | None => {}
         }
     }
 
-    /// Records a Warning `RolloutStalled` for a rollout no longer followed.
-    fn stalled(&mut self, key: &WorkloadKey, f: Following, why: &str, now: Instant) {
+    /// The Warning `RolloutStalled` for a rollout no longer followed.
+    fn stalled(&self, key: &WorkloadKey, f: Following, why: &str, now: Instant) -> WorkloadEvent {
         self.metrics.rollout_outcome("stalled");
         tracing::warn!(workload = %key, changed = f.what, why, "rollout stalled");
-        self.record(WorkloadEvent {
+        WorkloadEvent {
             workload: key.clone(),
             uid: f.uid.clone(),
             type_: EventType::Warning,
@@ -197,11 +223,11 @@ impl State {
                 f.what,
                 f.ago(now),
             ),
-        });
+        }
     }
 
     /// Rollouts whose deadline passed: StatefulSets and DaemonSets stalled, others let go.
-    pub(super) fn follow_due(&mut self, now: Instant) {
+    pub(super) fn due(&mut self, now: Instant, events: &mut Vec<WorkloadEvent>) {
         let due: Vec<WorkloadKey> = self
             .following
             .iter()
@@ -216,9 +242,9 @@ impl State {
                 WorkloadKind::STATEFUL_SET | WorkloadKind::DAEMON_SET => {
                     let why = format!(
                         "it is not complete {} after the touch (--rollout-timeout)",
-                        format_delay(self.config.rollout_timeout)
+                        format_delay(self.rollout_timeout)
                     );
-                    self.stalled(&key, f, &why, now);
+                    events.push(self.stalled(&key, f, &why, now));
                 }
                 _ => {
                     tracing::info!(workload = %key, "no rollout outcome reported in time: no longer followed");
@@ -229,19 +255,19 @@ impl State {
     }
 
     /// When the next followed rollout's deadline passes.
-    pub(super) fn next_follow_deadline(&self) -> Option<Instant> {
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
         self.following.values().map(|f| f.deadline).min()
     }
 
     /// Lets go of a workload's followed rollout, if any, counting how it ended.
-    pub(super) fn stop_following(&mut self, key: &WorkloadKey, outcome: &'static str) {
+    pub(super) fn stop(&mut self, key: &WorkloadKey, outcome: &'static str) {
         if self.following.remove(key).is_some() {
             self.metrics.rollout_outcome(outcome);
         }
     }
 
     /// Lets go of the followed rollouts `drop` selects, counting them as `outcome`.
-    pub(super) fn stop_following_all(
+    pub(super) fn stop_all(
         &mut self,
         outcome: &'static str,
         mut drop: impl FnMut(&WorkloadKey) -> bool,
@@ -274,19 +300,4 @@ impl Following {
 /// the new one).
 fn has_rollout(kind: WorkloadKind) -> bool {
     kind != WorkloadKind::CRON_JOB
-}
-
-/// "ConfigMap a", "ConfigMap a, Secret b"; the first few of many, so an Event's note stays short.
-fn config_names(changed: &std::collections::BTreeSet<ConfigKey>) -> String {
-    const SHOWN: usize = 3;
-    let names: Vec<String> = changed
-        .iter()
-        .take(SHOWN)
-        .map(|(_, r)| r.to_string())
-        .collect();
-    let mut text = names.join(", ");
-    if changed.len() > SHOWN {
-        text += &format!(" and {} more", changed.len() - SHOWN);
-    }
-    text
 }

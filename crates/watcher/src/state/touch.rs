@@ -280,7 +280,11 @@ impl State {
                     &touch.pending.changed,
                     touch.rolls_by_itself,
                 ));
-                self.follow(&key, &touch, stamp.as_deref(), now);
+                if let (Some(stamp), true) = (stamp.as_deref(), self.leader) {
+                    let mut events = Vec::new();
+                    self.rollouts.follow(&key, &touch, stamp, now, &mut events);
+                    self.record_all(events);
+                }
             }
             TouchResult::Patched(_) => {
                 // The webhook turned the touch back: its lookup failed, it may not read the
@@ -427,5 +431,12 @@ impl State {
             return;
         }
         self.effects.push(Effect::Event(event));
+    }
+
+    /// Records each of `events` ([`State::record`]).
+    pub(super) fn record_all(&mut self, events: Vec<WorkloadEvent>) {
+        for event in events {
+            self.record(event);
+        }
     }
 }

@@ -202,7 +202,7 @@ impl State {
         {
             w.backoff = None;
         }
-        self.stop_following_all("gone", |k| k.namespace == namespace);
+        self.rollouts.stop_all("gone", |k| k.namespace == namespace);
         tracing::info!(
             namespace,
             dropped = before - self.pending.len(),
@@ -253,7 +253,14 @@ impl State {
                 }
                 self.forget_would_roll_unless_over(&key, &entry.stamp);
                 let opts_in = self.opts_in(&key, &entry);
-                self.follow_watched(&key, &entry, now);
+                if let Some(touch) = self.in_flight.get_mut(&key) {
+                    // What a touch in flight saw of its workload, to judge the rollout from
+                    // once its result is in.
+                    touch.watched = Some((entry.stamp.clone(), entry.rollout));
+                }
+                let mut events = Vec::new();
+                self.rollouts.watched(&key, &entry, now, &mut events);
+                self.record_all(events);
                 self.workloads.upsert(key.clone(), entry);
                 self.waves.member_changed(&key);
                 self.metrics
@@ -375,7 +382,7 @@ impl State {
         self.waves_leadership(leader);
         if !leader {
             // A new leader does not know what this one followed.
-            self.stop_following_all("abandoned", |_| true);
+            self.rollouts.stop_all("abandoned", |_| true);
             self.stale_leader_work = true;
         }
         if leader && self.is_synced() {
