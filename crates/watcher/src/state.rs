@@ -33,6 +33,7 @@ use confighash_metrics::Metrics;
 mod decide;
 mod dry_run;
 mod follow;
+mod sync;
 mod touch;
 mod watches;
 mod wave;
@@ -506,10 +507,8 @@ pub struct State {
     /// there to recompute it. So each workload has one touch in flight at most, and what became
     /// due meanwhile is decided again once it is done.
     in_flight: HashMap<WorkloadKey, InFlight>,
-    /// The streams listed, with the namespace of a namespace's own watch.
-    synced: HashSet<(Stream, Option<String>)>,
-    reconciled: bool,
-    next_resync: Option<Instant>,
+    /// Which watches have listed, and when reconcile is due ([`sync`]).
+    lists: sync::Lists,
     /// What caused the touch that went last (a changed object, or `None`: reconcile): the next
     /// touches go round the causes from the one after it.
     last_cause: Option<Option<ConfigKey>>,
@@ -547,6 +546,7 @@ impl State {
             flaps: FlapGuard::new(config.flap_threshold, config.flap_period),
             pacer: Pacer::new(config.debounce, config.max_touches_per_second, TOUCH_BURST),
             rollouts: follow::Rollouts::new(config.rollout_timeout, metrics.clone()),
+            lists: sync::Lists::new(&config),
             config,
             key,
             metrics,
@@ -561,9 +561,6 @@ impl State {
             window_seen: None,
             pending: BTreeMap::new(),
             in_flight: HashMap::new(),
-            synced: HashSet::new(),
-            reconciled: false,
-            next_resync: None,
             last_cause: None,
             started,
             terminating: HashSet::new(),
@@ -586,17 +583,7 @@ impl State {
 
     /// Whether every watch has listed.
     pub fn is_synced(&self) -> bool {
-        self.synced.len() == self.streams()
-    }
-
-    /// How many streams must list: every kind once, or every kind but the Namespaces once per
-    /// namespace watched (`--watch-namespaces`).
-    fn streams(&self) -> usize {
-        let streams = OTHER_STREAMS + self.config.kinds.len();
-        match &self.config.watch_namespaces {
-            None => streams,
-            Some(list) => 1 + (streams - 1) * list.len(),
-        }
+        self.lists.is_synced()
     }
 
     /// When something is due next: hand [`Input::Wake`] then.
@@ -615,7 +602,7 @@ impl State {
         [
             self.window.closes_at(),
             pending,
-            self.next_resync,
+            self.lists.next_resync(),
             self.flaps.next_end(),
         ]
         .into_iter()
@@ -646,8 +633,8 @@ impl State {
             }
             Input::Forbidden(what, namespace) => {
                 if !self
-                    .synced
-                    .contains(&(what.stream(), Some(namespace.clone())))
+                    .lists
+                    .has_listed(what.stream(), Some(namespace.clone()))
                 {
                     tracing::debug!(?what, namespace, "may not list: counted as listed, empty");
                     self.listed(what.stream(), Some(namespace));
@@ -662,7 +649,7 @@ impl State {
                 }
             },
             Input::Unlistable(kind) => {
-                if !self.synced.contains(&(Stream::Workloads(kind), None)) {
+                if !self.lists.has_listed(Stream::Workloads(kind), None) {
                     tracing::warn!(
                         kind = kind.kind(),
                         api_version = kind.api_version(),

@@ -124,11 +124,7 @@ impl State {
     }
 
     pub(super) fn tick(&mut self, now: Instant) {
-        if self.is_synced() && !self.reconciled {
-            self.reconciled = true;
-            self.reconcile(now);
-        }
-        if self.next_resync.is_some_and(|t| now >= t) {
+        if self.lists.reconcile_due(now) {
             self.reconcile(now);
         }
         if let Some(changes) = self.window.take_if_closed(now) {
@@ -250,7 +246,7 @@ impl State {
     }
 
     pub(super) fn reconcile(&mut self, now: Instant) {
-        self.next_resync = Some(now + self.config.resync);
+        self.lists.reconciled(now);
         self.flaps.forget_old(now);
         if !self.leader {
             return;

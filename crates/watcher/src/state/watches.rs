@@ -363,13 +363,8 @@ impl State {
             // A whole list of the cluster's config passed through; only digests stay.
             self.effects.push(Effect::ReleaseMemory);
         }
-        self.synced.insert((stream, scope));
-        tracing::debug!(
-            ?stream,
-            synced = self.synced.len(),
-            of = self.streams(),
-            "listed"
-        );
+        let (synced, of) = self.lists.listed(stream, scope);
+        tracing::debug!(?stream, synced, of, "listed");
         self.metrics.set_synced(self.is_synced());
     }
 

@@ -310,7 +310,7 @@ impl Cluster {
                         self.t.state.next_wave_wake().map(|t| t - self.t.t0),
                         self.t.state.rollouts.next_deadline().map(|t| t - self.t.t0),
                         self.t.state.window.closes_at(),
-                        self.t.state.next_resync.map(|t| t - self.t.t0),
+                        self.t.state.lists.next_resync().map(|t| t - self.t.t0),
                         self.t.state.pending.len()
                     )
                 );
