@@ -34,14 +34,14 @@ impl<T: Ord> ChangeWindow<T> {
         self.opened.map(|t| t + self.debounce)
     }
 
-    /// The window's changes once it has closed (and closes it).
-    pub fn take_if_closed(&mut self, now: Instant) -> Option<BTreeSet<T>> {
+    /// When the window opened, and its changes, once it has closed (and closes it).
+    pub fn take_if_closed(&mut self, now: Instant) -> Option<(Instant, BTreeSet<T>)> {
         let closes = self.closes_at()?;
         if now < closes {
             return None;
         }
-        self.opened = None;
-        Some(std::mem::take(&mut self.changes))
+        let opened = self.opened.take()?;
+        Some((opened, std::mem::take(&mut self.changes)))
     }
 
     /// Whether the open window holds a change of `change`.
@@ -163,7 +163,8 @@ mod tests {
         w.record(t0 + Duration::from_secs(4), "b");
         assert_eq!(w.closes_at(), Some(t0 + Duration::from_secs(5)));
         assert!(w.take_if_closed(t0 + Duration::from_millis(4999)).is_none());
-        let changes = w.take_if_closed(t0 + Duration::from_secs(5)).unwrap();
+        let (opened, changes) = w.take_if_closed(t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!(opened, t0);
         assert_eq!(changes.into_iter().collect::<Vec<_>>(), ["a", "b"]);
         assert!(!w.is_open());
         // The next change opens a new window.

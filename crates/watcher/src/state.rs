@@ -435,6 +435,43 @@ struct InFlight {
     watched: Option<follow::WatchedInFlight>,
 }
 
+/// Where the read afresh of a workload's references ([`Effect::Recheck`]) stands.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Recheck {
+    /// None under way.
+    #[default]
+    None,
+    /// Its references are being read; its pending touch waits.
+    Reading,
+    /// They were just read: its next decision may replace the stamp without another read, and
+    /// has already had its turn of the pacer.
+    Read,
+}
+
+/// What caused a touch, for the turns touches take ([`State::touch_due`]): reconcile (nothing
+/// changed), or a change, named by the first object it carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cause {
+    Reconcile,
+    Change(ConfigKey),
+}
+
+impl Cause {
+    fn of(changed: &BTreeSet<ConfigKey>) -> Self {
+        changed
+            .first()
+            .map_or(Cause::Reconcile, |c| Cause::Change(c.clone()))
+    }
+
+    /// The object that names it: reconcile's turn comes before every change's.
+    fn object(&self) -> Option<&ConfigKey> {
+        match self {
+            Cause::Reconcile => None,
+            Cause::Change(c) => Some(c),
+        }
+    }
+}
+
 /// The stamp a dry run would have set on a workload, in place of the one it carries.
 #[derive(Debug)]
 struct WouldRoll {
@@ -459,11 +496,8 @@ struct WorkloadState {
     /// stamp is preceded by an [`Effect::Recheck`]: another stamp was computed by the webhook,
     /// possibly from newer config than this watcher's copy.
     written: Option<String>,
-    /// Its references are being read afresh; its pending touch waits.
-    rechecking: bool,
-    /// Its references were just read afresh: its next decision may replace the stamp without
-    /// another read, and has already had its turn of the pacer.
-    rechecked: bool,
+    /// Where the read afresh of its references stands.
+    recheck: Recheck,
     /// In a dry run, the stamp it would carry had its touch been made: decisions start from it,
     /// so one change is recorded once however often it is decided on.
     would_roll: Option<WouldRoll>,
@@ -496,7 +530,6 @@ pub struct State {
     /// opted in or not.
     opted_in_workloads: HashMap<String, HashSet<WorkloadKey>>,
     window: ChangeWindow<ConfigKey>,
-    window_seen: Option<Instant>,
     /// Objects whose change windows open too often: their changes are held ([`flap`](super::flap)).
     flaps: FlapGuard<ConfigKey>,
     pacer: Pacer<WorkloadKey>,
@@ -509,9 +542,9 @@ pub struct State {
     in_flight: HashMap<WorkloadKey, InFlight>,
     /// Which watches have listed, and when reconcile is due ([`sync`]).
     lists: sync::Lists,
-    /// What caused the touch that went last (a changed object, or `None`: reconcile): the next
-    /// touches go round the causes from the one after it.
-    last_cause: Option<Option<ConfigKey>>,
+    /// What caused the touch that went last: the next touches go round the causes from the one
+    /// after it.
+    last_cause: Option<Cause>,
     /// When the watcher started: workloads created before it are not counted as bypassing.
     started: SystemTime,
     /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
@@ -558,7 +591,6 @@ impl State {
             backfills: HashMap::new(),
             backfill_generation: 0,
             opted_in_workloads: HashMap::new(),
-            window_seen: None,
             pending: BTreeMap::new(),
             in_flight: HashMap::new(),
             last_cause: None,

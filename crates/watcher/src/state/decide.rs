@@ -29,7 +29,6 @@ impl State {
                 return;
             }
         }
-        self.window_seen.get_or_insert(now);
         self.window.record(now, key);
     }
 
@@ -127,10 +126,9 @@ impl State {
         if self.lists.reconcile_due(now) {
             self.reconcile(now);
         }
-        if let Some(changes) = self.window.take_if_closed(now) {
+        if let Some((opened, changes)) = self.window.take_if_closed(now) {
             tracing::debug!(changes = changes.len(), "change window closed");
-            let seen = self.window_seen.take();
-            self.window_closed(changes, seen, now);
+            self.window_closed(changes, Some(opened), now);
         }
         self.flap_intervals_due(now);
         self.waves_due(now);

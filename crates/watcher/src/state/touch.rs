@@ -10,8 +10,7 @@ impl State {
             if std::mem::take(&mut self.stale_leader_work) {
                 for w in self.per_workload.values_mut() {
                     w.backoff = None;
-                    w.rechecking = false;
-                    w.rechecked = false;
+                    w.recheck = Recheck::None;
                 }
             }
             return;
@@ -32,7 +31,7 @@ impl State {
         // The turn goes on from the cause after the one whose touch went last, across ticks:
         // with one token a tick, starting each round at the first cause in order would serve
         // that cause alone.
-        let last = self.last_cause.as_ref().map(Option::as_ref);
+        let last = self.last_cause.as_ref().map(Cause::object);
         let mut causes: Vec<_> = by_cause.into_iter().collect();
         let after = causes
             .iter()
@@ -50,7 +49,8 @@ impl State {
             });
         }
         for key in due {
-            let rechecking = self.per_workload.get(&key).is_some_and(|w| w.rechecking);
+            let rechecking =
+                (self.per_workload.get(&key)).is_some_and(|w| w.recheck == Recheck::Reading);
             if self.in_flight.contains_key(&key) || rechecking {
                 // Parked until its touch or read in flight is done (`Input::Touched`,
                 // `Input::Rechecked`).
@@ -83,16 +83,16 @@ impl State {
                 self.pending.remove(&key);
                 if let Some(w) = self.per_workload.get_mut(&key) {
                     w.backoff = None;
-                    w.rechecked = false;
+                    w.recheck = Recheck::None;
                 }
                 continue;
             };
             // Just read afresh: decided on what was read, and that read took this touch's turn
             // of the pacer already.
-            let fresh = self
-                .per_workload
-                .get_mut(&key)
-                .is_some_and(|w| std::mem::take(&mut w.rechecked));
+            let fresh = (self.per_workload.get_mut(&key))
+                .filter(|w| w.recheck == Recheck::Read)
+                .map(|w| w.recheck = Recheck::None)
+                .is_some();
             let paced = if fresh {
                 Ok(())
             } else {
@@ -104,7 +104,7 @@ impl State {
                         if let Some(p) = self.pending.get_mut(&key) {
                             p.due = None;
                         }
-                        self.workload_state(&key).rechecking = true;
+                        self.workload_state(&key).recheck = Recheck::Reading;
                         self.effects.push(Effect::Recheck {
                             workload: key,
                             configs,
@@ -119,7 +119,7 @@ impl State {
                             now.saturating_duration_since(seen).as_secs_f64(),
                         );
                     }
-                    self.last_cause = Some(p.changed.iter().next().cloned());
+                    self.last_cause = Some(Cause::of(&p.changed));
                     self.waves.touch_sent(&key, now);
                     self.start_touch(key, expected, p);
                 }
@@ -166,10 +166,10 @@ impl State {
         if !self.leader {
             self.stale_leader_work = true;
         }
-        let waited = self
-            .per_workload
-            .get_mut(&key)
-            .is_some_and(|w| std::mem::take(&mut w.rechecking));
+        let waited = (self.per_workload.get_mut(&key))
+            .filter(|w| w.recheck == Recheck::Reading)
+            .map(|w| w.recheck = Recheck::None)
+            .is_some();
         match result {
             Ok(configs) => {
                 for (config, stored) in configs {
@@ -180,8 +180,8 @@ impl State {
                     self.config(config, stored, now);
                 }
                 if waited && let Some(p) = self.pending.get_mut(&key) {
-                    self.per_workload.entry(key.clone()).or_default().rechecked = true;
                     p.due = Some(now);
+                    self.workload_state(&key).recheck = Recheck::Read;
                 }
             }
             Err(e) => {
