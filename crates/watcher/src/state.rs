@@ -33,6 +33,7 @@ use confighash_metrics::Metrics;
 mod decide;
 mod dry_run;
 mod follow;
+mod namespaces;
 mod sync;
 mod touch;
 mod watches;
@@ -381,19 +382,6 @@ impl Stream {
     }
 }
 
-/// A namespace's objects being listed after it opted in.
-#[derive(Debug, Default)]
-struct Backfill {
-    generation: u64,
-    /// Objects the watches reported since the opt-in: what they said is at least as new as the
-    /// list, so the list does not overwrite them.
-    seen: HashSet<ConfigKey>,
-    /// Changes whose window closed during the list, decided once it is in.
-    deferred: BTreeSet<ConfigKey>,
-    /// What the list showed so far; kept once it ends.
-    listed: HashMap<ConfigKey, StoredConfig>,
-}
-
 /// A touch waiting for its time.
 #[derive(Debug, Default)]
 struct Pending {
@@ -518,17 +506,8 @@ pub struct State {
     leader: bool,
     configs: ConfigStore,
     workloads: WorkloadIndex,
-    /// Namespaces opted in, with when this watcher saw them opt in.
-    namespaces: HashMap<String, SystemTime>,
-    /// Namespaces known not to be opted in: their ConfigMaps and Secrets are not kept.
-    excluded: HashSet<String>,
-    /// Namespaces that opted in after being excluded, while their objects are listed.
-    backfills: HashMap<String, Backfill>,
-    backfill_generation: u64,
-    /// Workloads labelled `confighash.dev/enabled=true`, by namespace (excluded namespaces left
-    /// out): handled wherever they are, so their namespaces' ConfigMaps and Secrets are kept,
-    /// opted in or not.
-    opted_in_workloads: HashMap<String, HashSet<WorkloadKey>>,
+    /// Which namespaces the watcher decides in ([`namespaces`]).
+    namespaces: namespaces::Namespaces,
     window: ChangeWindow<ConfigKey>,
     /// Objects whose change windows open too often: their changes are held ([`flap`](super::flap)).
     flaps: FlapGuard<ConfigKey>,
@@ -547,8 +526,6 @@ pub struct State {
     last_cause: Option<Cause>,
     /// When the watcher started: workloads created before it are not counted as bypassing.
     started: SystemTime,
-    /// Namespaces being deleted: nothing in them is touched and no Event is recorded there.
-    terminating: HashSet<String>,
     /// The rollouts after config changes the leader follows ([`follow`]).
     rollouts: follow::Rollouts,
     /// What the input being handled asks for.
@@ -586,16 +563,11 @@ impl State {
             leader: false,
             configs: ConfigStore::default(),
             workloads: WorkloadIndex::default(),
-            namespaces: HashMap::new(),
-            excluded: HashSet::new(),
-            backfills: HashMap::new(),
-            backfill_generation: 0,
-            opted_in_workloads: HashMap::new(),
+            namespaces: namespaces::Namespaces::default(),
             pending: BTreeMap::new(),
             in_flight: HashMap::new(),
             last_cause: None,
             started,
-            terminating: HashSet::new(),
             effects: Vec::new(),
             per_workload: HashMap::new(),
             waves: wave::Waves::default(),

@@ -13,7 +13,7 @@ impl State {
                 "change to an object nothing references yet, or before the first sync");
             return;
         }
-        if self.terminating.contains(&key.0) {
+        if self.namespaces.is_terminating(&key.0) {
             // Its objects are being deleted with it: no change to roll for, even with
             // `--roll-on-delete`.
             tracing::debug!(object = %key.1, namespace = key.0, "change in a terminating namespace");
@@ -204,10 +204,8 @@ impl State {
     /// Whether the watcher handles `key` now: it is known, its namespace (or the workload
     /// itself) opted in, and its namespace is neither being listed nor terminating.
     pub(super) fn handles(&self, key: &WorkloadKey) -> bool {
-        self.workloads.get(key).is_some_and(|entry| {
-            (self.namespaces.contains_key(&key.namespace) || self.opts_in(key, entry))
-                && !self.backfills.contains_key(&key.namespace)
-                && !self.terminating.contains(&key.namespace)
+        (self.workloads.get(key)).is_some_and(|entry| {
+            (self.namespaces).decides_in(&key.namespace, self.opts_in(key, entry))
         })
     }
 
@@ -226,11 +224,10 @@ impl State {
             }
         }
         for (workload, why) in affected {
-            if let Some(backfill) = self.backfills.get_mut(&workload.namespace) {
-                // Decided once the namespace's objects are all in.
-                backfill.deferred.extend(why);
+            // Decided once the namespace's objects are all in, when they are being listed.
+            let Some(why) = self.namespaces.defer(&workload.namespace, why) else {
                 continue;
-            }
+            };
             if self.decide(&workload, Trigger::ConfigChange).is_none() {
                 continue;
             }

@@ -345,7 +345,7 @@ impl State {
         what: String,
         now: Instant,
     ) {
-        if self.terminating.contains(&key.namespace) {
+        if self.namespaces.is_terminating(&key.namespace) {
             tracing::info!("not retried: its namespace is terminating");
             return;
         }
@@ -425,7 +425,7 @@ impl State {
     /// Records an Event on a workload, unless its namespace is terminating (creates there are
     /// refused, and nobody is left to read it).
     pub(super) fn record(&mut self, event: WorkloadEvent) {
-        if self.terminating.contains(&event.workload.namespace) {
+        if self.namespaces.is_terminating(&event.workload.namespace) {
             tracing::debug!(workload = %event.workload, reason = event.reason,
                 "Event not recorded: its namespace is terminating");
             return;

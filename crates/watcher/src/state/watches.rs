@@ -40,13 +40,11 @@ impl State {
     }
 
     pub(super) fn config(&mut self, key: ConfigKey, state: Option<StoredConfig>, now: Instant) {
-        if !self.keeps_configs(&key.0) {
+        if !self.namespaces.keeps_configs(&key.0) {
             // Not opted in, nor any workload there: nothing of it is kept (filtered in memory).
             return;
         }
-        if let Some(backfill) = self.backfills.get_mut(&key.0) {
-            backfill.seen.insert(key.clone());
-        }
+        self.namespaces.config_seen(&key);
         // What it held before: a progressive wave's members are the dependents whose stamp
         // this change changes.
         let before = (self.is_synced() && self.workloads.is_referenced(&key))
@@ -76,39 +74,18 @@ impl State {
         change: Watched<ConfigKey, Option<StoredConfig>>,
         now: Instant,
     ) {
-        let Some(backfill) = self
-            .backfills
-            .get_mut(&namespace)
-            .filter(|b| b.generation == generation)
-        else {
-            return; // Opted out (or in again) since it started.
+        let Some(listed) = self.namespaces.list_showed(&namespace, generation, change) else {
+            return; // More to come, or given up (opted out, or in again, since it started).
         };
-        let all = match change {
-            Watched::Applied(key, Some(stored)) => {
-                backfill.listed.insert(key, stored);
-                return;
-            }
-            Watched::Applied(key, None) | Watched::Deleted(key) => {
-                backfill.listed.remove(&key);
-                return;
-            }
-            Watched::Relisted(all) => all,
-        };
-        let Some(backfill) = self.backfills.remove(&namespace) else {
-            return;
-        };
-        tracing::debug!(namespace, objects = all.len(), "namespace listed");
-        for (key, stored) in backfill.listed {
-            // What a watch reported since the opt-in is at least as new as the list.
-            if all.contains(&key) && !backfill.seen.contains(&key) {
-                self.configs.upsert(key, stored);
-            }
+        tracing::debug!(namespace, objects = listed.count, "namespace listed");
+        for (key, stored) in listed.objects {
+            self.configs.upsert(key, stored);
         }
         self.count_all_configs();
         self.effects.push(Effect::ReleaseMemory);
         if self.is_synced() {
-            if !backfill.deferred.is_empty() {
-                self.window_closed(backfill.deferred, None, now);
+            if !listed.deferred.is_empty() {
+                self.window_closed(listed.deferred, None, now);
             }
             self.compare_namespace(&namespace, now);
         }
@@ -123,65 +100,44 @@ impl State {
             Watched::Applied(name, seen) => (name, Some(seen)),
             Watched::Deleted(name) => (name, None),
             Watched::Relisted(seen) => {
-                self.namespaces.retain(|n, _| seen.contains(n));
-                self.excluded.retain(|n| seen.contains(n));
-                self.backfills.retain(|n, _| seen.contains(n));
-                self.terminating.retain(|n| seen.contains(n));
+                self.namespaces.relisted(&seen);
                 self.listed(Stream::Namespaces, None);
                 return;
             }
         };
-        match seen {
-            Some(s) if s.terminating => self.terminate(&name),
-            // A namespace never stops terminating; one of the same name is a new namespace.
-            _ => {
-                self.terminating.remove(&name);
-            }
+        if (self.namespaces).terminates(&name, seen.is_some_and(|s| s.terminating)) {
+            self.terminate(&name);
         }
         // An excluded namespace, or one outside `--watch-namespaces`, is never opted in,
         // whatever its labels say.
-        match seen.map(|s| {
+        let opted_in = seen.map(|s| {
             (
                 s.opted_in
                     && !self.config.excluded_namespaces.contains(&name)
                     && self.config.watches(&name),
                 s.at,
             )
-        }) {
-            Some((true, at)) => {
-                let was_excluded = self.excluded.remove(&name);
-                if self.namespaces.contains_key(&name) {
-                    return;
-                }
-                self.namespaces.insert(name.clone(), at);
-                if self.terminating.contains(&name) {
-                    return; // Nothing there is decided on: no list, no comparison.
-                }
-                if was_excluded && !self.opted_in_workloads.contains_key(&name) {
-                    // Its objects were left out: list them; compare once they are in.
-                    self.start_backfill(name);
-                } else if self.is_synced() {
-                    self.compare_namespace(&name, now);
+        });
+        let step = self.namespaces.seen(&name, opted_in);
+        self.namespace_step(name, step, now);
+    }
+
+    /// Does what a namespace's news asks for.
+    fn namespace_step(&mut self, namespace: String, step: namespaces::Step, now: Instant) {
+        match step {
+            namespaces::Step::Nothing => {}
+            namespaces::Step::List(generation) => self.effects.push(Effect::Backfill {
+                namespace,
+                generation,
+            }),
+            namespaces::Step::Compare => {
+                if self.is_synced() {
+                    self.compare_namespace(&namespace, now);
                 }
             }
-            Some((false, _)) => {
-                self.namespaces.remove(&name);
-                if self.opted_in_workloads.contains_key(&name) {
-                    // Workloads there opted in by their label: its objects are still kept (and a
-                    // list in progress goes on); the others are no longer decided on.
-                    self.excluded.insert(name);
-                    return;
-                }
-                self.backfills.remove(&name);
-                self.configs.remove_namespace(&name);
-                self.excluded.insert(name);
+            namespaces::Step::DropConfigs => {
+                self.configs.remove_namespace(&namespace);
                 self.count_all_configs();
-            }
-            None => {
-                // Deleted: its objects' own deletions follow on their watches.
-                self.namespaces.remove(&name);
-                self.backfills.remove(&name);
-                self.excluded.remove(&name);
             }
         }
     }
@@ -190,9 +146,6 @@ impl State {
     /// there is decided on (its workloads and config go one by one, which is no change to roll
     /// for). A touch in flight there ends without an Event or a retry.
     pub(super) fn terminate(&mut self, namespace: &str) {
-        if !self.terminating.insert(namespace.to_owned()) {
-            return;
-        }
         let before = self.pending.len();
         self.pending.retain(|k, _| k.namespace != namespace);
         for (_, w) in self
@@ -238,7 +191,7 @@ impl State {
                 }
                 if entry.too_many_references
                     && self.leader
-                    && !self.terminating.contains(&key.namespace)
+                    && !self.namespaces.is_terminating(&key.namespace)
                     && !std::mem::replace(&mut self.workload_state(&key).warned_too_many, true)
                 {
                     self.warn_too_many_references(&key, &entry.uid);
@@ -265,7 +218,7 @@ impl State {
                 self.waves.member_changed(&key);
                 self.metrics
                     .set_watched(kind.kind(), self.workloads.count_of(kind));
-                self.workload_opt_in(&key, opts_in);
+                self.workload_opt_in(&key, opts_in, now);
                 // A workload whose stamp is stale when it arrives (its ConfigMap's event came
                 // first, on another watch, and found nothing referencing it) is checked again
                 // once a window has passed, by reconcile's rules.
@@ -280,7 +233,7 @@ impl State {
                 self.workloads.remove(&key);
                 self.metrics
                     .set_watched(kind.kind(), self.workloads.count_of(kind));
-                self.workload_opt_in(&key, false);
+                self.workload_opt_in(&key, false, now);
             }
             Watched::Relisted(seen) => {
                 if scope.is_none() {
@@ -291,7 +244,7 @@ impl State {
                     if in_scope && !seen.contains(&key) {
                         self.forget(&key);
                         self.workloads.remove(&key);
-                        self.workload_opt_in(&key, false);
+                        self.workload_opt_in(&key, false, now);
                     }
                 }
                 self.metrics
@@ -309,52 +262,10 @@ impl State {
             && self.config.watches(&key.namespace)
     }
 
-    /// Whether the ConfigMaps and Secrets of a namespace are kept: it is not known to be left
-    /// out (opted in, or not seen yet), or a workload there opted in by its label.
-    pub(super) fn keeps_configs(&self, namespace: &str) -> bool {
-        !self.excluded.contains(namespace) || self.opted_in_workloads.contains_key(namespace)
-    }
-
-    /// Records whether a workload is opted in by its label, and keeps its namespace's
-    /// ConfigMaps and Secrets while one is: the first such workload of a namespace whose objects
-    /// were left out has them listed (the namespace's workloads are decided once they are in),
-    /// and once the last is gone (deleted, or relabelled) from a namespace that is not opted in
-    /// they are dropped.
-    pub(super) fn workload_opt_in(&mut self, key: &WorkloadKey, opted_in: bool) {
-        let namespace = &key.namespace;
-        if opted_in {
-            let workloads = self
-                .opted_in_workloads
-                .entry(namespace.clone())
-                .or_default();
-            if !workloads.insert(key.clone()) || workloads.len() > 1 {
-                return;
-            }
-            if self.excluded.contains(namespace)
-                && !self.terminating.contains(namespace)
-                && !self.backfills.contains_key(namespace)
-            {
-                tracing::info!(workload = %key, "a workload opted in by its label: listing the ConfigMaps and Secrets of its namespace");
-                self.start_backfill(namespace.clone());
-            }
-        } else {
-            let Some(workloads) = self.opted_in_workloads.get_mut(namespace) else {
-                return;
-            };
-            if !workloads.remove(key) || !workloads.is_empty() {
-                return;
-            }
-            self.opted_in_workloads.remove(namespace);
-            if self.excluded.contains(namespace) {
-                tracing::info!(
-                    namespace,
-                    "no workload there is opted in any more: its ConfigMaps and Secrets are no longer kept"
-                );
-                self.backfills.remove(namespace);
-                self.configs.remove_namespace(namespace);
-                self.count_all_configs();
-            }
-        }
+    /// Records whether a workload is opted in by its label ([`namespaces::Namespaces::workload_opted_in`]).
+    pub(super) fn workload_opt_in(&mut self, key: &WorkloadKey, opted_in: bool, now: Instant) {
+        let step = self.namespaces.workload_opted_in(key, opted_in);
+        self.namespace_step(key.namespace.clone(), step, now);
     }
 
     /// A watch's list is in (or there is nothing to list).
@@ -392,24 +303,6 @@ impl State {
             self.metrics
                 .set_watched(kind.as_str(), self.configs.count(kind));
         }
-    }
-
-    /// Lists the ConfigMaps and Secrets of a namespace that opted in after they were left out.
-    /// Until the list is in, its workloads are not decided on: their digests are incomplete.
-    pub(super) fn start_backfill(&mut self, namespace: String) {
-        self.backfill_generation += 1;
-        let generation = self.backfill_generation;
-        self.backfills.insert(
-            namespace.clone(),
-            Backfill {
-                generation,
-                ..Backfill::default()
-            },
-        );
-        self.effects.push(Effect::Backfill {
-            namespace,
-            generation,
-        });
     }
 
     /// Records that a workload over `--max-references` is never stamped or rolled.
@@ -464,7 +357,7 @@ impl State {
         if entry.stamp.is_some() || entry.marker || entry.opted_out || entry.uid.is_empty() {
             return;
         }
-        let opted_in = self.namespaces.get(&key.namespace).copied().or_else(|| {
+        let opted_in = self.namespaces.opted_in_at(&key.namespace).or_else(|| {
             // Opted in by its own label when first seen: the webhook was called for its CREATE.
             // (A workload seen before the label was added was not stamped by the write that
             // added it, and is not counted.)

@@ -876,7 +876,7 @@ impl State {
         let Some((first, _, _)) = changes.first() else {
             return;
         };
-        if self.terminating.contains(&first.0) {
+        if self.namespaces.is_terminating(&first.0) {
             return;
         }
         for (object, change, waiting) in &changes {
