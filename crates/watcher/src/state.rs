@@ -20,7 +20,7 @@ use crate::flap::{FlapGuard, Seen};
 use crate::index::{
     ConfigKey, ConfigStore, StoredConfig, WorkloadEntry, WorkloadIndex, WorkloadKey,
 };
-use crate::pace::{ChangeWindow, Pacer, Wait};
+use crate::pace::{ChangeWindow, Wait};
 use crate::pods::PodsVerdict;
 use crate::rollout::Progress;
 use confighash_cluster::watch::Watched;
@@ -36,7 +36,9 @@ mod follow;
 mod namespaces;
 mod sync;
 mod touch;
+mod touches;
 mod watches;
+use touches::{InFlight, Pending};
 mod wave;
 pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
 pub use wave::{
@@ -382,84 +384,6 @@ impl Stream {
     }
 }
 
-/// A touch waiting for its time.
-#[derive(Debug, Default)]
-struct Pending {
-    /// When it may be sent, at the earliest; `None` while parked behind a touch in flight. The
-    /// workload's [`Backoff`] holds it back further.
-    due: Option<Instant>,
-    /// What changed, for the Event; empty for reconcile.
-    changed: BTreeSet<ConfigKey>,
-    /// When the first change behind this touch was seen, for the latency metric.
-    seen: Option<Instant>,
-}
-
-/// A workload whose last touches did not take (the webhook kept the old stamp, or the patch
-/// failed). Its next touch waits until `not_before`, whatever asks for it sooner: the write of a
-/// touch the webhook turned back is still stored (its managedFields change), so its own watch
-/// event arrives like any other change, before or after the result, and must not bring the retry
-/// forward; nor does a new config change while the webhook keeps failing.
-#[derive(Debug)]
-struct Backoff {
-    /// Touches of the workload that did not take, in a row.
-    failures: u32,
-    /// No touch of the workload before this.
-    not_before: Instant,
-    /// The stamp the workload kept: a watch event showing another one means a write took, and
-    /// the backoff is over.
-    stamp: Option<String>,
-}
-
-/// A touch in flight: what it was for, to judge its result.
-#[derive(Debug)]
-struct InFlight {
-    expected: String,
-    /// The stamp before the touch.
-    old: Option<String>,
-    uid: String,
-    rolls_by_itself: bool,
-    pending: Pending,
-    /// What the watch showed of the workload meanwhile, to judge its rollout from.
-    watched: Option<follow::WatchedInFlight>,
-}
-
-/// Where the read afresh of a workload's references ([`Effect::Recheck`]) stands.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Recheck {
-    /// None under way.
-    #[default]
-    None,
-    /// Its references are being read; its pending touch waits.
-    Reading,
-    /// They were just read: its next decision may replace the stamp without another read, and
-    /// has already had its turn of the pacer.
-    Read,
-}
-
-/// What caused a touch, for the turns touches take ([`State::touch_due`]): reconcile (nothing
-/// changed), or a change, named by the first object it carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Cause {
-    Reconcile,
-    Change(ConfigKey),
-}
-
-impl Cause {
-    fn of(changed: &BTreeSet<ConfigKey>) -> Self {
-        changed
-            .first()
-            .map_or(Cause::Reconcile, |c| Cause::Change(c.clone()))
-    }
-
-    /// The object that names it: reconcile's turn comes before every change's.
-    fn object(&self) -> Option<&ConfigKey> {
-        match self {
-            Cause::Reconcile => None,
-            Cause::Change(c) => Some(c),
-        }
-    }
-}
-
 /// The stamp a dry run would have set on a workload, in place of the one it carries.
 #[derive(Debug)]
 struct WouldRoll {
@@ -476,16 +400,6 @@ struct WouldRoll {
 /// workload (its result still comes back).
 #[derive(Debug, Default)]
 struct WorkloadState {
-    /// Its touches did not take lately: when it may be touched again.
-    backoff: Option<Backoff>,
-    /// When its last `TouchFailed` Event was recorded.
-    touch_failed_at: Option<Instant>,
-    /// The stamp this watcher's last touch set (the webhook confirmed it). Replacing any other
-    /// stamp is preceded by an [`Effect::Recheck`]: another stamp was computed by the webhook,
-    /// possibly from newer config than this watcher's copy.
-    written: Option<String>,
-    /// Where the read afresh of its references stands.
-    recheck: Recheck,
     /// In a dry run, the stamp it would carry had its touch been made: decisions start from it,
     /// so one change is recorded once however often it is decided on.
     would_roll: Option<WouldRoll>,
@@ -511,19 +425,11 @@ pub struct State {
     window: ChangeWindow<ConfigKey>,
     /// Objects whose change windows open too often: their changes are held ([`flap`](super::flap)).
     flaps: FlapGuard<ConfigKey>,
-    pacer: Pacer<WorkloadKey>,
-    pending: BTreeMap<WorkloadKey, Pending>,
-    /// Workloads with a touch in flight. A touch can be held up for seconds (kube's client
-    /// retries a 429 after its Retry-After); a second touch sent meanwhile could land first and
-    /// the older one after it, putting back the stamp of an older config when the webhook is not
-    /// there to recompute it. So each workload has one touch in flight at most, and what became
-    /// due meanwhile is decided again once it is done.
-    in_flight: HashMap<WorkloadKey, InFlight>,
+    /// The touches pending and in flight, and what each workload's last touches left
+    /// ([`touches`]).
+    touches: touches::Touches,
     /// Which watches have listed, and when reconcile is due ([`sync`]).
     lists: sync::Lists,
-    /// What caused the touch that went last: the next touches go round the causes from the one
-    /// after it.
-    last_cause: Option<Cause>,
     /// When the watcher started: workloads created before it are not counted as bypassing.
     started: SystemTime,
     /// The rollouts after config changes the leader follows ([`follow`]).
@@ -535,10 +441,6 @@ pub struct State {
     per_workload: HashMap<WorkloadKey, WorkloadState>,
     /// The progressive waves under way ([`wave`]).
     waves: wave::Waves,
-    /// Not leading, with backoffs or reads afresh possibly left over (leadership just lost, or a
-    /// result came back after it was): cleared at the next tick, which a new leader starts
-    /// without.
-    stale_leader_work: bool,
 }
 
 impl State {
@@ -554,7 +456,7 @@ impl State {
         State {
             window: ChangeWindow::new(config.debounce),
             flaps: FlapGuard::new(config.flap_threshold, config.flap_period),
-            pacer: Pacer::new(config.debounce, config.max_touches_per_second, TOUCH_BURST),
+            touches: touches::Touches::new(&config),
             rollouts: follow::Rollouts::new(config.rollout_timeout, metrics.clone()),
             lists: sync::Lists::new(&config),
             config,
@@ -564,14 +466,10 @@ impl State {
             configs: ConfigStore::default(),
             workloads: WorkloadIndex::default(),
             namespaces: namespaces::Namespaces::default(),
-            pending: BTreeMap::new(),
-            in_flight: HashMap::new(),
-            last_cause: None,
             started,
             effects: Vec::new(),
             per_workload: HashMap::new(),
             waves: wave::Waves::default(),
-            stale_leader_work: false,
         }
     }
 
@@ -592,11 +490,7 @@ impl State {
 
     /// When something is due next: hand [`Input::Wake`] then.
     pub fn next_wake(&self) -> Option<Instant> {
-        let pending = self
-            .pending
-            .iter()
-            .filter_map(|(k, p)| self.due_at(k, p))
-            .min();
+        let pending = self.touches.next_due();
         // The deadline of a followed rollout wakes it too.
         let pending = pending
             .into_iter()
@@ -672,23 +566,12 @@ impl State {
             Input::Wake => {}
         }
         self.tick(now);
+        let (pending, in_flight) = self.touches.counts();
+        self.metrics.set_touches(pending, in_flight);
         self.metrics
-            .set_touches(self.pending.len(), self.in_flight.len());
-        self.metrics
-            .set_touch_wave_eta(self.pending.len(), self.config.max_touches_per_second);
+            .set_touch_wave_eta(pending, self.config.max_touches_per_second);
         self.metrics.set_rollouts_followed(self.rollouts.len());
         std::mem::take(&mut self.effects)
-    }
-
-    /// When a pending touch may be sent: its own time, held back by the workload's backoff.
-    fn due_at(&self, key: &WorkloadKey, pending: &Pending) -> Option<Instant> {
-        let due = pending.due?;
-        Some(
-            match self.per_workload.get(key).and_then(|w| w.backoff.as_ref()) {
-                Some(b) => due.max(b.not_before),
-                None => due,
-            },
-        )
     }
 
     /// The record of `key`, made empty if it has none.
@@ -700,7 +583,7 @@ impl State {
     /// (A touch in flight stays until its result comes back.)
     fn forget(&mut self, key: &WorkloadKey) {
         self.per_workload.remove(key);
-        self.pending.remove(key);
+        self.touches.forget(key);
         self.rollouts.stop(key, "gone");
     }
 }

@@ -117,7 +117,7 @@ impl State {
             .collect();
         for key in keys {
             if self.decide(&key, Trigger::Reconcile).is_some() {
-                self.pending.entry(key).or_default().due.get_or_insert(due);
+                self.touches.check(key, due);
             }
         }
     }
@@ -141,7 +141,7 @@ impl State {
         let mut events = Vec::new();
         self.rollouts.due(now, &mut events);
         self.record_all(events);
-        self.pacer.forget_old(now);
+        self.touches.forget_old(now);
     }
 
     /// Decides the stamp a workload should carry now, by the shared rules; `None` when it
@@ -231,7 +231,7 @@ impl State {
             if self.decide(&workload, Trigger::ConfigChange).is_none() {
                 continue;
             }
-            let p = self.pending.entry(workload).or_default();
+            let p = self.touches.want(workload);
             p.changed.extend(why);
             p.due.get_or_insert(now);
             if p.seen.is_none() {
@@ -251,7 +251,7 @@ impl State {
         for key in keys {
             if self.decide(&key, Trigger::Reconcile).is_some() {
                 mismatches += 1;
-                self.pending.entry(key).or_default().due.get_or_insert(now);
+                self.touches.check(key, now);
             }
         }
         self.metrics.reconcile_mismatches(mismatches);

@@ -6,112 +6,58 @@ impl State {
     pub(super) fn touch_due(&mut self, now: Instant) {
         if !self.leader {
             // The leader does this; a replica that becomes leader reconciles, afresh.
-            self.pending.clear();
-            if std::mem::take(&mut self.stale_leader_work) {
-                for w in self.per_workload.values_mut() {
-                    w.backoff = None;
-                    w.recheck = Recheck::None;
-                }
-            }
+            self.touches.not_leading();
             return;
         }
-        // Taken in turns across what caused them (the first changed object, or reconcile), so
-        // that the bucket's tokens go round the changes: a change used by a few workloads is
-        // not queued behind a wave of thousands, in whatever order their names sort.
-        let mut by_cause: BTreeMap<Option<&ConfigKey>, std::collections::VecDeque<&WorkloadKey>> =
-            BTreeMap::new();
-        for (key, pending) in &self.pending {
-            if self.due_at(key, pending).is_some_and(|d| d <= now) {
-                by_cause
-                    .entry(pending.changed.iter().next())
-                    .or_default()
-                    .push_back(key);
-            }
-        }
-        // The turn goes on from the cause after the one whose touch went last, across ticks:
-        // with one token a tick, starting each round at the first cause in order would serve
-        // that cause alone.
-        let last = self.last_cause.as_ref().map(Cause::object);
-        let mut causes: Vec<_> = by_cause.into_iter().collect();
-        let after = causes
-            .iter()
-            .position(|(cause, _)| last.is_some_and(|last| *cause > last))
-            .unwrap_or(0);
-        causes.rotate_left(after);
-        let mut due: Vec<WorkloadKey> = Vec::new();
-        while !causes.is_empty() {
-            causes.retain_mut(|(_, keys)| match keys.pop_front() {
-                Some(key) => {
-                    due.push(key.clone());
-                    true
-                }
-                None => false,
-            });
-        }
-        for key in due {
-            let rechecking =
-                (self.per_workload.get(&key)).is_some_and(|w| w.recheck == Recheck::Reading);
-            if self.in_flight.contains_key(&key) || rechecking {
+        for key in self.touches.due_in_turns(now) {
+            if self.touches.is_in_flight(&key) || self.touches.is_reading(&key) {
                 // Parked until its touch or read in flight is done (`Input::Touched`,
                 // `Input::Rechecked`).
-                if let Some(p) = self.pending.get_mut(&key) {
+                if let Some(p) = self.touches.pending_mut(&key) {
                     p.due = None;
                 }
                 continue;
             }
-            if let Some(until) = self
-                .pending
-                .get(&key)
-                .and_then(|p| self.held_until(&key, p))
-                && let Some(p) = self.pending.get_mut(&key)
+            if let Some(until) = (self.touches.pending(&key)).and_then(|p| self.held_until(&key, p))
+                && let Some(p) = self.touches.pending_mut(&key)
             {
                 p.due = Some(until);
                 continue;
             }
             if self.wave_holds(&key) {
                 // Its wave releases it in its batch, with a pending touch of its own.
-                self.pending.remove(&key);
+                self.touches.drop_pending(&key);
                 continue;
             }
             // Recomputed now: the webhook or another change may already have set it.
-            let trigger = match self.pending.get(&key) {
+            let trigger = match self.touches.pending(&key) {
                 Some(p) if p.changed.is_empty() => Trigger::Reconcile,
                 _ => Trigger::ConfigChange,
             };
             let Some(expected) = self.decide(&key, trigger) else {
                 // Nothing to do any more, nor to back off from.
-                self.pending.remove(&key);
-                if let Some(w) = self.per_workload.get_mut(&key) {
-                    w.backoff = None;
-                    w.recheck = Recheck::None;
-                }
+                self.touches.done(&key);
                 continue;
             };
             // Just read afresh: decided on what was read, and that read took this touch's turn
             // of the pacer already.
-            let fresh = (self.per_workload.get_mut(&key))
-                .filter(|w| w.recheck == Recheck::Read)
-                .map(|w| w.recheck = Recheck::None)
-                .is_some();
+            let fresh = self.touches.just_read(&key);
             let paced = if fresh {
                 Ok(())
             } else {
-                self.pacer.allow(now, &key)
+                self.touches.pace(now, &key)
             };
             match paced {
                 Ok(()) => {
                     if !fresh && let Some(configs) = self.needs_recheck(&key) {
-                        if let Some(p) = self.pending.get_mut(&key) {
-                            p.due = None;
-                        }
-                        self.workload_state(&key).recheck = Recheck::Reading;
+                        self.touches.reading(&key);
                         self.effects.push(Effect::Recheck {
                             workload: key,
                             configs,
                         });
                         continue;
                     }
-                    let Some(p) = self.pending.remove(&key) else {
+                    let Some(p) = self.touches.take_to_send(&key) else {
                         continue;
                     };
                     if let Some(seen) = p.seen {
@@ -119,7 +65,6 @@ impl State {
                             now.saturating_duration_since(seen).as_secs_f64(),
                         );
                     }
-                    self.last_cause = Some(Cause::of(&p.changed));
                     self.waves.touch_sent(&key, now);
                     self.start_touch(key, expected, p);
                 }
@@ -127,7 +72,7 @@ impl State {
                     if let Wait::RateLimited(_) = wait {
                         self.metrics.touch_rate_limited();
                     }
-                    if let Some(p) = self.pending.get_mut(&key) {
+                    if let Some(p) = self.touches.pending_mut(&key) {
                         p.due = Some(wait.until());
                     }
                 }
@@ -143,7 +88,7 @@ impl State {
     pub(super) fn needs_recheck(&self, key: &WorkloadKey) -> Option<Vec<ConfigKey>> {
         let entry = self.workloads.get(key)?;
         let stamp = entry.stamp.as_ref()?;
-        if self.per_workload.get(key).and_then(|w| w.written.as_ref()) == Some(stamp) {
+        if self.touches.written(key) == Some(stamp) {
             return None;
         }
         let configs: Vec<ConfigKey> = entry
@@ -164,12 +109,9 @@ impl State {
         now: Instant,
     ) {
         if !self.leader {
-            self.stale_leader_work = true;
+            self.touches.leadership_lost();
         }
-        let waited = (self.per_workload.get_mut(&key))
-            .filter(|w| w.recheck == Recheck::Reading)
-            .map(|w| w.recheck = Recheck::None)
-            .is_some();
+        let waited = self.touches.read(&key);
         match result {
             Ok(configs) => {
                 for (config, stored) in configs {
@@ -179,9 +121,8 @@ impl State {
                         "read afresh before a touch");
                     self.config(config, stored, now);
                 }
-                if waited && let Some(p) = self.pending.get_mut(&key) {
-                    p.due = Some(now);
-                    self.workload_state(&key).recheck = Recheck::Read;
+                if waited {
+                    self.touches.decide_on_read(&key, now);
                 }
             }
             Err(e) => {
@@ -208,7 +149,7 @@ impl State {
                     old: entry.stamp.clone(),
                     uid: entry.uid.clone(),
                     rolls_by_itself: entry.rolls_by_itself,
-                    pending: self.pending.remove(&key).unwrap_or_default(),
+                    pending: self.touches.drop_pending(&key).unwrap_or_default(),
                     watched: None,
                 };
                 self.retry(&key, failed, what, now);
@@ -232,9 +173,7 @@ impl State {
             workload: key.clone(),
             stamp: expected.clone(),
             why,
-            attempt: (self.per_workload.get(&key))
-                .and_then(|w| w.backoff.as_ref())
-                .map_or(0, |b| b.failures),
+            attempt: self.touches.failures(&key),
             believed,
         }));
         let in_flight = InFlight {
@@ -245,16 +184,16 @@ impl State {
             pending,
             watched: None,
         };
-        self.in_flight.insert(key, in_flight);
+        self.touches.sent(key, in_flight);
     }
 
     /// A touch ended: judge it, back off and retry it if it did not take, and let the workload be
     /// touched again.
     pub(super) fn touched(&mut self, key: WorkloadKey, result: TouchResult, now: Instant) {
         if !self.leader {
-            self.stale_leader_work = true;
+            self.touches.leadership_lost();
         }
-        let Some(touch) = self.in_flight.remove(&key) else {
+        let Some(touch) = self.touches.answered(&key) else {
             return;
         };
         match result {
@@ -262,10 +201,9 @@ impl State {
                 if stamp != touch.old || stamp.as_deref() == Some(&touch.expected) =>
             {
                 self.metrics.touch("touched");
-                let w = self.workload_state(&key);
-                w.backoff = None;
-                if stamp.as_deref() == Some(&touch.expected) {
-                    w.written = Some(touch.expected.clone());
+                let wrote = stamp.as_deref() == Some(&touch.expected);
+                (self.touches).took(&key, wrote.then_some(touch.expected.as_str()));
+                if wrote {
                     self.waves.touch_took(&key, &touch.expected, now);
                 }
                 tracing::info!(
@@ -305,16 +243,14 @@ impl State {
                 tracing::info!(
                     "the workload no longer carried what the touch expected; deciding again"
                 );
-                let p = self.pending.entry(key.clone()).or_default();
+                let p = self.touches.want(key.clone());
                 p.changed.extend(touch.pending.changed);
                 p.seen = p.seen.or(touch.pending.seen);
                 p.due = Some(now);
             }
             TouchResult::Gone => {
                 self.metrics.touch("gone");
-                if let Some(w) = self.per_workload.get_mut(&key) {
-                    w.backoff = None;
-                }
+                self.touches.end_backoff(&key);
             }
             TouchResult::Failed(e) => {
                 self.metrics.touch("error");
@@ -331,7 +267,7 @@ impl State {
             }
         }
         // Whatever became due meanwhile is decided now (held back by a backoff, if any).
-        if let Some(p) = self.pending.get_mut(&key) {
+        if let Some(p) = self.touches.pending_mut(&key) {
             p.due.get_or_insert(now);
         }
     }
@@ -349,21 +285,7 @@ impl State {
             tracing::info!("not retried: its namespace is terminating");
             return;
         }
-        let record = self.per_workload.entry(key.clone()).or_default();
-        let backoff = record.backoff.get_or_insert(Backoff {
-            failures: 0,
-            not_before: now,
-            stamp: None,
-        });
-        backoff.failures = backoff.failures.saturating_add(1);
-        let failures = backoff.failures;
-        let retry_in = self
-            .config
-            .retry_base
-            .saturating_mul(1 << (failures - 1).min(16))
-            .min(self.config.resync);
-        backoff.not_before = now + retry_in;
-        backoff.stamp = failed.old;
+        let (failures, retry_in) = self.touches.back_off(key, failed.old, now);
         self.metrics.touch_retry();
         tracing::info!(
             failures,
@@ -372,7 +294,7 @@ impl State {
         );
         // Due at once, so held back by the backoff alone: a check a watch event asked for a
         // window from now is superseded.
-        let p = self.pending.entry(key.clone()).or_default();
+        let p = self.touches.want(key.clone());
         p.due = Some(now);
         // Keep what the touch was for, so the retry is the same kind of touch (a config change
         // replaces a foreign stamp; reconcile would not) and its Event names it.
@@ -397,14 +319,11 @@ impl State {
         let Some(entry) = self.workloads.get(key) else {
             return;
         };
-        let recent = |at: &Instant| now.saturating_duration_since(*at) < TOUCH_FAILED_EVERY;
-        let last = self.per_workload.get(key).and_then(|w| w.touch_failed_at);
-        if last.as_ref().is_some_and(recent) {
+        let uid = entry.uid.clone();
+        if !self.touches.tell_failure(key, now, TOUCH_FAILED_EVERY) {
             return;
         }
-        let uid = entry.uid.clone();
-        self.workload_state(key).touch_failed_at = Some(now);
-        let why = match self.pending.get(key) {
+        let why = match self.touches.pending(key) {
             Some(p) if !p.changed.is_empty() => format!("after {}", changed_names(&p.changed)),
             _ => "(its stamp is stale)".to_owned(),
         };

@@ -146,19 +146,11 @@ impl State {
     /// there is decided on (its workloads and config go one by one, which is no change to roll
     /// for). A touch in flight there ends without an Event or a retry.
     pub(super) fn terminate(&mut self, namespace: &str) {
-        let before = self.pending.len();
-        self.pending.retain(|k, _| k.namespace != namespace);
-        for (_, w) in self
-            .per_workload
-            .iter_mut()
-            .filter(|(k, _)| k.namespace == namespace)
-        {
-            w.backoff = None;
-        }
+        let dropped = self.touches.terminate(namespace);
         self.rollouts.stop_all("gone", |k| k.namespace == namespace);
         tracing::info!(
             namespace,
-            dropped = before - self.pending.len(),
+            dropped,
             "namespace terminating: nothing in it is touched any more"
         );
     }
@@ -197,20 +189,10 @@ impl State {
                     self.warn_too_many_references(&key, &entry.uid);
                 }
                 self.count_if_bypassed(&key, &entry);
-                if let Some(w) = self.per_workload.get_mut(&key)
-                    && w.backoff.as_ref().is_some_and(|b| b.stamp != entry.stamp)
-                {
-                    // Its stamp changed since the last touch that did not take: a write took
-                    // (another touch's, or an update the webhook stamped).
-                    w.backoff = None;
-                }
+                self.touches.stamp_seen(&key, &entry.stamp);
                 self.forget_would_roll_unless_over(&key, &entry.stamp);
                 let opts_in = self.opts_in(&key, &entry);
-                if let Some(touch) = self.in_flight.get_mut(&key) {
-                    // What a touch in flight saw of its workload, to judge the rollout from
-                    // once its result is in.
-                    touch.watched = Some((entry.stamp.clone(), entry.rollout));
-                }
+                (self.touches).watched(&key, entry.stamp.clone(), entry.rollout);
                 let mut events = Vec::new();
                 self.rollouts.watched(&key, &entry, now, &mut events);
                 self.record_all(events);
@@ -224,7 +206,7 @@ impl State {
                 // once a window has passed, by reconcile's rules.
                 if self.is_synced() && self.decide(&key, Trigger::Reconcile).is_some() {
                     let due = now + self.config.debounce;
-                    self.pending.entry(key).or_default().due.get_or_insert(due);
+                    self.touches.check(key, due);
                 }
             }
             Watched::Applied(key, None) | Watched::Deleted(key) => {
@@ -289,7 +271,7 @@ impl State {
         if !leader {
             // A new leader does not know what this one followed.
             self.rollouts.stop_all("abandoned", |_| true);
-            self.stale_leader_work = true;
+            self.touches.leadership_lost();
         }
         if leader && self.is_synced() {
             // A new leader compares everything: changes may have passed while another replica

@@ -311,7 +311,7 @@ impl State {
     /// released it (or halted), and the touch is not for the change of a reference that is
     /// not progressive (that one goes ahead, as the flap guard lets it).
     pub(super) fn wave_holds(&mut self, key: &WorkloadKey) -> bool {
-        let Some(pending) = self.pending.get(key) else {
+        let Some(pending) = self.touches.pending(key) else {
             return false;
         };
         if pending
@@ -433,7 +433,7 @@ impl State {
                 if (wave.halted.is_some() || !wave.released.contains_key(&member))
                     && !self.waves.holds(&member)
                 {
-                    let p = self.pending.entry(member).or_default();
+                    let p = self.touches.want(member);
                     p.changed.insert(object.clone());
                     p.due = Some(p.due.map_or(now, |d| d.min(now)));
                 }
@@ -616,7 +616,7 @@ impl State {
                 continue;
             }
             released += 1;
-            let p = self.pending.entry(member.clone()).or_default();
+            let p = self.touches.want(member.clone());
             p.changed.insert(object.clone());
             p.due.get_or_insert(now);
         }

@@ -311,7 +311,7 @@ impl Cluster {
                         self.t.state.rollouts.next_deadline().map(|t| t - self.t.t0),
                         self.t.state.window.closes_at(),
                         self.t.state.lists.next_resync().map(|t| t - self.t.t0),
-                        self.t.state.pending.len()
+                        self.t.state.touches.counts().0
                     )
                 );
                 effects
