@@ -16,6 +16,8 @@ use confighash_core::kind::{Kinds, WorkloadKind, every_kind};
 use confighash_core::refs::ObjectKind;
 use confighash_core::rules::Outcome;
 
+pub mod throttle;
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     kind: &'static str,

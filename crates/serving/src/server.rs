@@ -26,6 +26,7 @@ mod listen;
 mod open_files;
 mod pool;
 
+use confighash_metrics::throttle::Throttle;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
@@ -112,8 +113,6 @@ const ADMIN_CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// closed. kube-apiserver reads its answers as they come (a 1 MiB window holds a thousand of
 /// them); only a client that keeps its window shut, or stops reading its socket, waits this long.
 const UNSENT_AFTER_MADE: Duration = Duration::from_secs(2);
-/// The connection-limit warning is logged at most this often.
-const CAP_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// A started server.
 pub struct Running {
@@ -504,29 +503,25 @@ fn error_log() -> Arc<RateLog> {
     ))
 }
 
-/// A warning about connections logged at most once per [`CAP_LOG_INTERVAL`], with how many since
-/// the last line: a client can make one a millisecond.
+/// A warning about connections logged at most once a minute, with how many since the last
+/// line: a client can make one a millisecond.
 struct RateLog {
     what: &'static str,
-    state: std::sync::Mutex<(Option<Instant>, u64)>,
+    throttle: Throttle,
 }
 
 impl RateLog {
     fn new(what: &'static str) -> Self {
         RateLog {
             what,
-            state: std::sync::Mutex::new((None, 0)),
+            throttle: Throttle::default(),
         }
     }
 
     fn record(&self, peer: SocketAddr) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.1 += 1;
-        if state.0.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
-            return;
+        if let Some(held) = self.throttle.allow() {
+            tracing::warn!(%peer, connections = held + 1, "{}", self.what);
         }
-        tracing::warn!(%peer, connections = state.1, "{}", self.what);
-        *state = (Some(Instant::now()), 0);
     }
 }
 
@@ -645,8 +640,7 @@ struct CapLog {
     port: &'static str,
     /// What happens at the cap.
     then: &'static str,
-    last: Option<Instant>,
-    since_last: u64,
+    throttle: Throttle,
 }
 
 impl CapLog {
@@ -654,25 +648,21 @@ impl CapLog {
         CapLog {
             port,
             then,
-            last: None,
-            since_last: 0,
+            throttle: Throttle::default(),
         }
     }
 
     fn reached(&mut self, max_connections: usize) {
-        self.since_last += 1;
-        if self.last.is_some_and(|at| at.elapsed() < CAP_LOG_INTERVAL) {
+        let Some(held) = self.throttle.allow() else {
             return;
-        }
+        };
         tracing::warn!(
             port = self.port,
             max_connections,
-            times = self.since_last,
+            times = held + 1,
             "connection limit reached; {}",
             self.then
         );
-        self.last = Some(Instant::now());
-        self.since_last = 0;
     }
 }
 

@@ -5,6 +5,7 @@
 //! A watch starts when a wave of the namespace starts judging and stops when none does
 //! ([`crate::state::State::pod_namespaces`]); a look at pods waits for its first list.
 
+use confighash_metrics::throttle::Throttle;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
@@ -187,7 +188,7 @@ async fn run(
     let mut events = confighash_cluster::watch::events(api, config, &lists)
         .default_backoff()
         .boxed();
-    let mut logged: Option<std::time::Instant> = None;
+    let throttle = Throttle::default();
     while let Some(event) = events.next().await {
         let event = match event {
             Ok(event) => event,
@@ -199,9 +200,8 @@ async fn run(
                     listed.send_replace(true);
                     continue;
                 }
-                if logged.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                    logged = Some(std::time::Instant::now());
-                    tracing::warn!(error = %redact::watcher_error(&e),
+                if let Some(unlogged) = throttle.allow() {
+                    tracing::warn!(error = %redact::watcher_error(&e), unlogged,
                         "watch of pods for a progressive wave failed; retrying");
                 }
                 continue;

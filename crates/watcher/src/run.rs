@@ -4,6 +4,7 @@
 //! Everything decided is decided in [`State`]; nothing here keeps state of its own but the
 //! tracing span of each touch in flight.
 
+use confighash_metrics::throttle::Throttle;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -571,7 +572,7 @@ struct WatchErrors {
     scope: Option<String>,
     tx: mpsc::Sender<Input>,
     metrics: Arc<Metrics>,
-    logged: Option<Instant>,
+    logged: Throttle,
     /// Errors of a cluster-wide workload watch, counted until [`Input::Unlistable`] is sent.
     failures: u32,
     unlistable_sent: bool,
@@ -586,9 +587,6 @@ pub(crate) fn streaming_lists(metrics: &Arc<Metrics>) -> StreamingLists {
     StreamingLists::telling(move |why| metrics.streaming_list_fallback(why.as_str()))
 }
 
-/// How often a watch refused with 403 is logged.
-const FORBIDDEN_LOG_INTERVAL: Duration = Duration::from_secs(60);
-
 impl WatchErrors {
     fn new(
         what: WatchOf,
@@ -601,7 +599,7 @@ impl WatchErrors {
             scope,
             tx: tx.clone(),
             metrics: metrics.clone(),
-            logged: None,
+            logged: Throttle::default(),
             failures: 0,
             unlistable_sent: false,
             lists: streaming_lists(metrics),
@@ -638,14 +636,10 @@ impl WatchErrors {
             self.metrics.watch_forbidden(kind, ns);
             // A full channel drops it: the next retry sends it again.
             let _ = self.tx.try_send(Input::Forbidden(self.what, ns.clone()));
-            if self
-                .logged
-                .is_some_and(|at| at.elapsed() < FORBIDDEN_LOG_INTERVAL)
-            {
+            let Some(unlogged) = self.logged.allow() else {
                 return;
-            }
-            self.logged = Some(Instant::now());
-            tracing::warn!(kind, namespace, error = %redact::watcher_error(e),
+            };
+            tracing::warn!(kind, namespace, error = %redact::watcher_error(e), unlogged,
                 "may not list or watch in a namespace of --watch-namespaces (no Role grants it?); nothing there is read or touched; retrying");
             return;
         }

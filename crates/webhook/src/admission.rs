@@ -4,9 +4,10 @@
 //! ([`rules::decide`]) and the patch is [`patch::build`]'s. A well-formed review is always
 //! allowed: confighash mutates, it never blocks a deploy.
 
+use confighash_metrics::throttle::Throttle;
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -141,26 +142,16 @@ pub struct Webhook {
     no_template: NoTemplateLog,
 }
 
-/// How often an object of a configured kind without a pod template is logged.
-const NO_TEMPLATE_LOG_INTERVAL: Duration = Duration::from_secs(60);
-
-/// Logs objects without a pod template at most once per [`NO_TEMPLATE_LOG_INTERVAL`]: anyone who
-/// may create such objects could otherwise fill the log.
+/// Logs objects without a pod template at most once a minute: anyone who may create such
+/// objects could otherwise fill the log.
 #[derive(Default)]
-struct NoTemplateLog {
-    logged: Mutex<Option<Instant>>,
-    unlogged: AtomicU64,
-}
+struct NoTemplateLog(Throttle);
 
 impl NoTemplateLog {
     fn report(&self, kind: WorkloadKind, error: &workload::WorkloadError) {
-        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
-        if logged.is_some_and(|at| at.elapsed() < NO_TEMPLATE_LOG_INTERVAL) {
-            self.unlogged.fetch_add(1, Ordering::Relaxed);
+        let Some(unlogged) = self.0.allow() else {
             return;
-        }
-        *logged = Some(Instant::now());
-        let unlogged = self.unlogged.swap(0, Ordering::Relaxed);
+        };
         tracing::warn!(
             error = %error,
             pointer = kind.template_pointer(),
