@@ -46,6 +46,7 @@ fn key() -> StampKey {
 }
 
 /// CPU time of this thread.
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,

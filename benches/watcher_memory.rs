@@ -1513,6 +1513,7 @@ fn child_list() {
 
 /// glibc's view of the heap, to tell live data from freed memory the allocator keeps.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 mod heap {
     use serde_json::{Value, json};
 

@@ -8,6 +8,8 @@
 //!
 //! Its Cargo.toml keeps it so: of confighash's crates it depends on the core alone.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod discover;
 pub mod get;

@@ -6,6 +6,8 @@
 //! Everything here is a function of its arguments and is tested without a cluster. Its
 //! Cargo.toml keeps it so: no kube, no tokio, no other confighash crate.
 
+#![forbid(unsafe_code)]
+
 pub mod checksum;
 pub mod json;
 pub mod kind;

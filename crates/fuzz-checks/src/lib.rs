@@ -5,6 +5,8 @@
 //! (`tests/core/fuzz_regressions.rs`) depend on it: the tests replay the seeds (and every crash
 //! input kept as a regression) through exactly the checks the targets make.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,6 +5,8 @@
 //! content. Its Cargo.toml keeps it small: the core (for the outcome and kind labels) and
 //! prometheus-client; no Kubernetes client, no task runtime.
 
+#![forbid(unsafe_code)]
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -92,6 +92,7 @@ pub struct Serve {
 
 /// Starts `bin serve` against `api` with a soft open-file limit of `soft` and a hard one of
 /// `hard`, and waits until it logs that it serves.
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 pub async fn start(bin: &Path, api: &ApiServer, soft: u64, hard: u64) -> Serve {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("serve process test CA");

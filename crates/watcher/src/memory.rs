@@ -18,6 +18,7 @@ pub const MMAP_THRESHOLD: usize = 64 * 1024;
 
 /// Sets the allocator up for long-lived processes that pass large transient blocks through:
 /// call once, before other threads start. A no-op where the C library is not glibc.
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
@@ -34,6 +35,7 @@ pub fn tune_allocator() {
 }
 
 /// Returns free heap pages to the operating system. A no-op where the C library is not glibc.
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 pub fn release_free_heap() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -6,6 +6,8 @@
 //! a log line or a loop bound. It only reads the API server, never writes. Its Cargo.toml keeps
 //! it apart from the watcher: the two agree only through the core's rules.
 
+#![forbid(unsafe_code)]
+
 use confighash_cluster::client::{Reads, Resource};
 
 /// What the webhook reads: the ConfigMaps and Secrets a review references (through the lean

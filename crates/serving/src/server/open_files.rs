@@ -25,6 +25,7 @@ pub struct OpenFileLimit {
 
 /// The soft and hard `RLIMIT_NOFILE` of this process.
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 pub fn open_file_limit() -> std::io::Result<(u64, u64)> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -40,6 +41,7 @@ pub fn open_file_limit() -> std::io::Result<(u64, u64)> {
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit. An unlimited hard limit cannot be the soft
 /// limit of open files on Linux: the kernel's `fs.nr_open` is used instead.
 #[cfg(target_os = "linux")]
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 pub fn raise_open_file_limit() -> std::io::Result<OpenFileLimit> {
     let (soft, hard) = open_file_limit()?;
     let target = if hard == libc::RLIM_INFINITY {

@@ -327,6 +327,7 @@ pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
 }
 
 /// Clock ticks per second of `/proc`'s CPU times (`USER_HZ`), 100 if it cannot be read.
+#[allow(unsafe_code)] // a C call: see its SAFETY comment
 pub fn clock_ticks() -> u64 {
     // SAFETY: sysconf reads a configuration value and touches no memory of ours.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
