@@ -462,7 +462,7 @@ async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
             &info.refs,
             LOOKUP_DEADLINE,
             &Metrics::new(),
-            &lookup::MemoryBudget::new(1 << 26),
+            &confighash::webhook::budget::MemoryBudget::new(1 << 26),
             u64::MAX,
         )
         .await

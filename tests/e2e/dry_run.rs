@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use confighash::core::checksum::StampKey;
+use confighash::core::names::WOULD_ROLL_REASON;
 use confighash::metrics::Metrics;
 use confighash::watcher::leader::{self, LeaderConfig};
-use confighash::watcher::{WOULD_ROLL_OUTCOME, WOULD_ROLL_REASON};
+use confighash::watcher::state::WOULD_ROLL_OUTCOME;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, PostParams};

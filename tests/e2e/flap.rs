@@ -9,7 +9,8 @@
 
 use crate::support;
 
-use confighash::watcher::{CONFIG_FLAPPING_REASON, WatcherConfig};
+use confighash::core::names::CONFIG_FLAPPING_REASON;
+use confighash::watcher::WatcherConfig;
 use support::{Env, Setup};
 
 /// The value of an unlabelled series in confighash's metrics.

@@ -15,7 +15,8 @@ use build::{NS, Review, Workload, config_map, deployment, marker_of, patched, st
 use confighash::core::names::UNSTAMPED_ANNOTATION as MARKER;
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::DEFAULT_MAX_REFERENCES;
-use confighash::webhook::lookup::{Fetched, MAX_CONCURRENT_READS, MemoryBudget, ObjectSource};
+use confighash::webhook::budget::MemoryBudget;
+use confighash::webhook::lookup::{Fetched, MAX_CONCURRENT_READS, ObjectSource};
 use futures::future::BoxFuture;
 use harness::Harness;
 use serde_json::{Value, json};

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use confighash::cluster::get::Getter;
 use confighash::core::refs::{ObjectKind, ObjectRef};
-use confighash::webhook::lookup::{Fetched, KubeSource, MemoryBudget, ObjectSource};
+use confighash::webhook::budget::MemoryBudget;
+use confighash::webhook::lookup::{Fetched, KubeSource, ObjectSource};
 use confighash_testkit::apiserver::server::ApiServer;
 use confighash_testkit::apiserver::user::UserInfo;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};

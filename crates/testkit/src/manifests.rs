@@ -1620,7 +1620,7 @@ pub async fn run_code_under_rbac(
         ObjectRef::new(ObjectKind::ConfigMap, "app-env"),
         ObjectRef::new(ObjectKind::Secret, "db"),
     ] {
-        let budget = confighash::webhook::lookup::MemoryBudget::new(1 << 20);
+        let budget = confighash::webhook::budget::MemoryBudget::new(1 << 20);
         let fetched = source.fetch(APP, &object, &budget).await;
         assert!(matches!(fetched, Ok(Some(_))), "{object}: {fetched:?}");
     }

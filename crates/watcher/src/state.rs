@@ -40,12 +40,12 @@ mod touches;
 mod watches;
 use touches::{InFlight, Pending};
 mod wave;
-pub use follow::{FOLLOW_AT_MOST, ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
+pub use follow::FOLLOW_AT_MOST;
 pub use wave::{
     DEFAULT_PROGRESSIVE_SETTLE, DEFAULT_PROGRESSIVE_TIMEOUT, Halt, MAX_POD_CHECKS, WAVE_CHECK_EVERY,
 };
 
-pub use confighash_core::names::{
+use confighash_core::names::{
     CONFIG_CHANGED_REASON, CONFIG_FLAPPING_REASON, REFERENCES_TOO_LARGE_REASON,
     TOO_MANY_REFERENCES_REASON, TOUCH_FAILED_REASON, WOULD_ROLL_REASON,
 };

@@ -24,7 +24,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::pruned::{Object, OldObject};
-use crate::lookup::{self, LookupError, Lookups, MemoryBudget, ObjectSource};
+use crate::budget::MemoryBudget;
+use crate::lookup::{self, LookupError, Lookups, ObjectSource};
 use confighash_core::checksum::KeyStore;
 use confighash_core::checksum::StampKey;
 use confighash_core::names::{

@@ -7,9 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 
-#[cfg(doc)]
-use crate::lookup::MAX_OBJECT_BYTES;
-
 /// Memory the webhook's reviews may hold at once, all together: review bodies, what parsing them
 /// takes, and the objects their lookups read while those are decoded. Taken in bytes; what is
 /// taken is given back when its permit is dropped.
@@ -23,6 +20,10 @@ pub struct MemoryBudget {
     capacity: usize,
     large: Arc<Semaphore>,
 }
+
+/// The largest object answer read: etcd keeps objects up to 1.5 MiB, which base64 and JSON
+/// escapes can make about twice as large.
+pub const MAX_OBJECT_BYTES: usize = 4 * 1024 * 1024;
 
 /// An object answer past this many bytes is large: see [`MemoryBudget`].
 pub const LARGE_ANSWER_BYTES: usize = 64 * 1024;

@@ -30,9 +30,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio::sync::OwnedSemaphorePermit;
 
-pub use crate::budget::{
-    Class, Fair, FairPermit, HEAVY_AFTER_BYTES, LARGE_ANSWER_BYTES, LARGE_ANSWERS_AT_ONCE,
-    MemoryBudget,
+use crate::budget::{
+    Class, Fair, HEAVY_AFTER_BYTES, LARGE_ANSWER_BYTES, MAX_OBJECT_BYTES, MemoryBudget,
 };
 use confighash_cluster::get::{GetBody, Getter};
 use confighash_core::checksum::{ObjectDigest, RecipeError, RefState, StampKey, Tag, ValueDigest};
@@ -40,10 +39,6 @@ use confighash_core::record::{self, ObjectRecord};
 use confighash_core::refs::{self, ObjectKind, ObjectRef, References};
 use confighash_core::rules::{self, Lookup};
 use confighash_metrics::Metrics;
-
-/// The largest object answer read: etcd keeps objects up to 1.5 MiB, which base64 and JSON
-/// escapes can make about twice as large.
-pub const MAX_OBJECT_BYTES: usize = 4 * 1024 * 1024;
 
 /// A referenced object as a [`ObjectSource`] found it.
 #[derive(Debug, Clone)]
@@ -193,7 +188,7 @@ impl ObjectSource for KubeSource {
 }
 
 /// What an answer holds of the budget while it is read and decoded: its bytes, and for a large
-/// answer its place among [`LARGE_ANSWERS_AT_ONCE`].
+/// answer its place among [`LARGE_ANSWERS_AT_ONCE`](crate::budget::LARGE_ANSWERS_AT_ONCE).
 type Permits = (Option<OwnedSemaphorePermit>, Option<OwnedSemaphorePermit>);
 
 /// An answer's body, at most [`MAX_OBJECT_BYTES`], its buffer taken from `budget` as it grows

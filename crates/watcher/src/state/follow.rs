@@ -36,8 +36,7 @@ use crate::rollout::Progress;
 use confighash_core::workload::WorkloadKind;
 use confighash_metrics::Metrics;
 
-pub use confighash_core::names::ROLLOUT_COMPLETE_REASON;
-pub use confighash_core::names::ROLLOUT_STALLED_REASON;
+use confighash_core::names::{ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
 /// A Deployment or an Argo Rollout whose controller reports neither completion nor a stall
 /// within this of the touch is no longer followed (no Event): its controller may not be running,
 /// or the rollout waits for a person (an Argo Rollout paused at a step).

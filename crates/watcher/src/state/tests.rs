@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::*;
 use confighash_core::names::{CHECKSUM_ANNOTATION, ENABLED_LABEL, UNSTAMPED_ANNOTATION};
+use confighash_core::names::{ROLLOUT_COMPLETE_REASON, ROLLOUT_STALLED_REASON};
 use confighash_core::refs::ObjectRef;
 use confighash_core::rules::Lookup;
 

@@ -1,6 +1,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
+use crate::budget::LARGE_ANSWERS_AT_ONCE;
 use confighash_core::refs::Selection;
 
 /// Answers every read after a yield, counting how many are in flight at once.
