@@ -16,7 +16,7 @@ use confighash::core::names::UNSTAMPED_ANNOTATION as MARKER;
 use confighash::core::refs::ObjectRef;
 use confighash::webhook::admission::DEFAULT_MAX_REFERENCES;
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, MAX_CONCURRENT_READS, ObjectSource};
+use confighash::webhook::lookup::{Fetched, MAX_CONCURRENT_READS, ObjectSource, ReadError};
 use futures::future::BoxFuture;
 use harness::Harness;
 use serde_json::{Value, json};
@@ -299,7 +299,7 @@ impl ObjectSource for Gated {
         namespace: &'a str,
         _object: &'a ObjectRef,
         _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(async move {
             self.started.lock().unwrap().push(namespace.to_owned());
             let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;

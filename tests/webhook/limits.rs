@@ -19,7 +19,7 @@ use confighash::core::refs::ObjectRef;
 use confighash::serving::server::Limits as ConnectionLimits;
 use confighash::webhook::admission::{MAX_BODY, REVIEW_ALLOWANCE};
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, ObjectSource};
+use confighash::webhook::lookup::{Fetched, ObjectSource, ReadError};
 use confighash::webhook::server::Limits;
 use futures::future::BoxFuture;
 use harness::{NoObjects, ServeSettings, Served};
@@ -433,7 +433,7 @@ impl ObjectSource for SlowObjects {
         _namespace: &'a str,
         _object: &'a ObjectRef,
         _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(async {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok(None)

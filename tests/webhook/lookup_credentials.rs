@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use confighash::cluster::get::Getter;
 use confighash::core::refs::{ObjectKind, ObjectRef};
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, KubeSource, ObjectSource};
+use confighash::webhook::lookup::{Fetched, KubeSource, ObjectSource, ReadError};
 use confighash_testkit::apiserver::server::ApiServer;
 use confighash_testkit::apiserver::user::UserInfo;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -15,7 +15,7 @@ use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
 
-async fn fetch(source: &KubeSource) -> Result<Option<Fetched>, String> {
+async fn fetch(source: &KubeSource) -> Result<Option<Fetched>, ReadError> {
     let budget = MemoryBudget::new(64 * 1024 * 1024);
     let object = ObjectRef::new(ObjectKind::ConfigMap, "app-env");
     source.fetch("shop", &object, &budget).await
@@ -61,7 +61,7 @@ async fn a_rotated_token_file_is_read_again() {
     api.revoke_token("token-a");
     let refused = fetch(&source).await;
     assert!(
-        matches!(&refused, Err(e) if e.contains("401")),
+        matches!(&refused, Err(ReadError::Status(s)) if s.as_u16() == 401),
         "the old token, still held, is refused: {:?}",
         refused.map(|f| f.is_some())
     );

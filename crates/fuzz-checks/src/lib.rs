@@ -22,7 +22,7 @@ use confighash::metrics::Metrics;
 use confighash::offline::{self, InputError, Source};
 use confighash::webhook::admission::{BadRequest, Webhook};
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, ObjectSource};
+use confighash::webhook::lookup::{Fetched, ObjectSource, ReadError};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, PodSpec, Secret};
@@ -45,9 +45,9 @@ pub const KEY: &[u8] = b"fuzz-key-0123456789abcdef";
 pub struct NameSource;
 
 impl NameSource {
-    fn object(kind: ObjectKind, name: &str) -> Result<Option<Fetched>, String> {
+    fn object(kind: ObjectKind, name: &str) -> Result<Option<Fetched>, ReadError> {
         if name.contains("fail") {
-            return Err(format!("injected read failure for {name:?}"));
+            return Err(ReadError::Refused("injected read failure"));
         }
         if name.contains("absent") {
             return Ok(None);
@@ -97,7 +97,7 @@ impl ObjectSource for NameSource {
         _namespace: &'a str,
         object: &'a ObjectRef,
         _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(futures::future::ready(Self::object(
             object.kind,
             &object.name,

@@ -19,7 +19,7 @@ use confighash::serving::health::Health;
 use confighash::serving::tls::CertStore;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, KubeSource, ObjectSource};
+use confighash::webhook::lookup::{Fetched, KubeSource, ObjectSource, ReadError};
 use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
 use futures::future::BoxFuture;
 use k8s_openapi::NamespaceResourceScope;
@@ -44,7 +44,7 @@ impl ObjectSource for NoObjects {
         _namespace: &'a str,
         _object: &'a ObjectRef,
         _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(async { Ok(None) })
     }
 }

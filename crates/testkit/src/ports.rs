@@ -15,7 +15,7 @@ use confighash::serving::health::Health;
 use confighash::serving::tls::{CertStore, ClientCaStore};
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, ObjectSource};
+use confighash::webhook::lookup::{Fetched, ObjectSource, ReadError};
 use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
@@ -40,7 +40,7 @@ impl ObjectSource for NoObjects {
         _namespace: &'a str,
         _object: &'a ObjectRef,
         _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(async { Ok(None) })
     }
 }

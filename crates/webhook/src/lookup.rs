@@ -62,8 +62,8 @@ impl Fetched {
 /// Why a lookup failed. No variant carries an object's content.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LookupError {
-    #[error("reading {object}: {message}")]
-    Read { object: ObjectRef, message: String },
+    #[error("reading {object}: {error}")]
+    Read { object: ObjectRef, error: ReadError },
     #[error("the lookup deadline of {0:?} passed")]
     Deadline(Duration),
     #[error(
@@ -74,16 +74,50 @@ pub enum LookupError {
     Recipe(#[from] RecipeError),
 }
 
+/// Why one referenced object could not be read: what went wrong and where, made of what
+/// confighash knows (a status code, a bound, a JSON position, the object's name and key names).
+/// No variant holds anything an answer's body held, so a read error cannot quote content.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// The request or the reading of its answer failed: the transport's error, which carries no
+    /// answer body.
+    #[error("the request failed: {0}")]
+    Request(String),
+    /// The API server answered this status; its body was not read.
+    #[error("the API server answered {0}")]
+    Status(http::StatusCode),
+    #[error("the answer is larger than {MAX_OBJECT_BYTES} bytes")]
+    TooLarge,
+    #[error("the answer does not fit in the webhook's memory budget")]
+    NoRoom,
+    #[error("the answer is not a {kind}: {place}")]
+    NotJson {
+        kind: &'static str,
+        place: confighash_core::json::ErrorPlace,
+    },
+    #[error("the answer is not a {0} but another kind")]
+    OtherKind(&'static str),
+    #[error("a value of {0} is not valid base64")]
+    Base64(ObjectRef),
+    #[error(transparent)]
+    Recipe(#[from] RecipeError),
+    /// A source of its own (tests, the fuzz checks) refused the read, for this fixed reason.
+    #[error("{0}")]
+    Refused(&'static str),
+}
+
 /// Where referenced objects are read from.
 pub trait ObjectSource: Send + Sync + 'static {
     /// The object, `None` when it does not exist. Bytes read along the way are taken from
-    /// `budget` while they are held. The error message must not quote what was read.
+    /// `budget` while they are held.
     fn fetch<'a>(
         &'a self,
         namespace: &'a str,
         object: &'a ObjectRef,
         budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>>;
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>>;
 }
 
 /// Why a name cannot go into a request path.
@@ -136,9 +170,10 @@ impl KubeSource {
         namespace: &str,
         object: &ObjectRef,
         budget: &MemoryBudget,
-    ) -> Result<Option<Fetched>, String> {
-        let path = object_path(namespace, object).map_err(|e| e.to_string())?;
-        let response = self.getter.get(&path).await.map_err(|e| e.to_string())?;
+    ) -> Result<Option<Fetched>, ReadError> {
+        let path = object_path(namespace, object)?;
+        let response =
+            (self.getter.get(&path).await).map_err(|e| ReadError::Request(e.to_string()))?;
         let status = response.status();
         if status == http::StatusCode::NOT_FOUND {
             // Its body (a Status) is read to its end, unquoted, so the connection serves again.
@@ -148,7 +183,7 @@ impl KubeSource {
         if !status.is_success() {
             // The body (a Status, or anything a proxy sends) is not read: its message can quote
             // object content.
-            return Err(format!("the API server answered {status}"));
+            return Err(ReadError::Status(status));
         }
         let declared = response
             .headers()
@@ -182,7 +217,7 @@ impl ObjectSource for KubeSource {
         namespace: &'a str,
         object: &'a ObjectRef,
         budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(self.get(namespace, object, budget))
     }
 }
@@ -198,27 +233,26 @@ async fn read_limited<B>(
     mut body: B,
     declared: Option<u64>,
     budget: &MemoryBudget,
-) -> Result<(Vec<u8>, Permits), String>
+) -> Result<(Vec<u8>, Permits), ReadError>
 where
     B: hyper::body::Body<Data = hyper::body::Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let too_large = || format!("the answer is larger than {MAX_OBJECT_BYTES} bytes");
     if declared.is_some_and(|n| n > MAX_OBJECT_BYTES as u64) {
-        return Err(too_large());
+        return Err(ReadError::TooLarge);
     }
     let mut held: Option<OwnedSemaphorePermit> = None;
     let mut large: Option<OwnedSemaphorePermit> = None;
     let mut buf: Vec<u8> = Vec::new();
     let initial = declared.map_or(16 * 1024, |n| n as usize);
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| format!("reading the answer: {e}"))?;
+        let frame = frame.map_err(|e| ReadError::Request(format!("reading the answer: {e}")))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
         let needed = buf.len() + data.len();
         if needed > MAX_OBJECT_BYTES {
-            return Err(too_large());
+            return Err(ReadError::TooLarge);
         }
         if needed > buf.capacity() {
             let capacity = needed
@@ -226,19 +260,12 @@ where
                 .max(initial)
                 .min(MAX_OBJECT_BYTES);
             if capacity > LARGE_ANSWER_BYTES && large.is_none() {
-                large = Some(
-                    budget
-                        .large_answer()
-                        .await
-                        .ok_or_else(|| "the webhook's memory budget is closed".to_owned())?,
-                );
+                large = Some(budget.large_answer().await.ok_or(ReadError::NoRoom)?);
             }
             let more = budget
                 .reserve(2 * (capacity - buf.capacity()))
                 .await
-                .ok_or_else(|| {
-                    "the answer does not fit in the webhook's memory budget".to_owned()
-                })?;
+                .ok_or(ReadError::NoRoom)?;
             match held.as_mut() {
                 Some(h) => h.merge(more),
                 None => held = Some(more),
@@ -297,22 +324,16 @@ mod members {
 
 /// Decodes an answer into the object's entry. Errors say what is wrong and where, never what
 /// the answer holds.
-fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, String> {
-    let lean: LeanBody<'_> = serde_json::from_slice(body).map_err(|e| {
-        format!(
-            "the answer is not a {}: {}",
-            object.kind.as_str(),
-            confighash_cluster::redact::json_error(&e)
-        )
+fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, ReadError> {
+    let lean: LeanBody<'_> = serde_json::from_slice(body).map_err(|e| ReadError::NotJson {
+        kind: object.kind.as_str(),
+        place: confighash_core::json::ErrorPlace::of(&e),
     })?;
     let lean = lean.0;
     if let Some(kind) = &lean.kind
         && kind.0 != object.kind.as_str()
     {
-        return Err(format!(
-            "the answer is not a {} but another kind",
-            object.kind.as_str()
-        ));
+        return Err(ReadError::OtherKind(object.kind.as_str()));
     }
     let ignored = lean
         .metadata
@@ -330,10 +351,10 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, String
     }
     // Each value's digest and decoded length; a key given twice keeps the last, as the API
     // server's decoding does.
-    let base64_value = |v: &str| -> Result<(ValueDigest, u64), String> {
+    let base64_value = |v: &str| -> Result<(ValueDigest, u64), ReadError> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(v)
-            .map_err(|_| format!("a value of {object} is not valid base64"))?;
+            .map_err(|_| ReadError::Base64(object.clone()))?;
         Ok((Sha256::digest(&bytes).into(), bytes.len() as u64))
     };
     let mut entries: BTreeMap<&str, (Tag, ValueDigest, u64)> = BTreeMap::new();
@@ -355,7 +376,7 @@ fn decode_object(object: &ObjectRef, body: &[u8]) -> Result<ObjectRecord, String
                     name: object.name.clone(),
                     key: k.to_owned(),
                 }
-                .to_string());
+                .into());
             }
             entries.insert(k, (Tag::BinaryData, digest, len));
         }
@@ -498,7 +519,7 @@ impl Lookups {
         let review = self.next_review.fetch_add(1, Ordering::Relaxed);
         let read_bytes = AtomicU64::new(0);
         let read_bytes = &read_bytes;
-        type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectRecord>, String>)>;
+        type Read<'a> = BoxFuture<'a, (&'a ObjectRef, Result<Option<ObjectRecord>, ReadError>)>;
         let reads: Vec<Read<'_>> = refs
             .iter()
             .map(|(r, _)| -> Read<'_> {
@@ -510,7 +531,7 @@ impl Lookups {
                     };
                     let _place = self.fair.acquire(review, class).await;
                     let found = self.source.fetch(namespace, r, budget).await.and_then(|f| {
-                        f.map(|f| f.into_entry().map_err(|e| e.to_string()))
+                        f.map(|f| f.into_entry().map_err(ReadError::from))
                             .transpose()
                     });
                     if let Ok(Some(record)) = &found {
@@ -542,11 +563,11 @@ impl Lookups {
                             });
                         }
                     }
-                    Err(message) => {
+                    Err(error) => {
                         metrics.lookup(r.kind.as_str(), "error");
                         failure.get_or_insert(LookupError::Read {
                             object: r.clone(),
-                            message,
+                            error,
                         });
                     }
                 }

@@ -7,7 +7,7 @@ use confighash::core::checksum::StampKey;
 use confighash::core::refs::{ObjectKind, ObjectRef};
 use confighash::core::workload::{self, Analysis, WorkloadKind};
 use confighash::webhook::budget::MemoryBudget;
-use confighash::webhook::lookup::{Fetched, ObjectSource};
+use confighash::webhook::lookup::{Fetched, ObjectSource, ReadError};
 use futures::future::BoxFuture;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -63,7 +63,7 @@ impl ObjectSource for MemorySource {
         _namespace: &'a str,
         object: &'a ObjectRef,
         _budget: &'a MemoryBudget,
-    ) -> BoxFuture<'a, Result<Option<Fetched>, String>> {
+    ) -> BoxFuture<'a, Result<Option<Fetched>, ReadError>> {
         Box::pin(futures::future::ready(Ok(self
             .objects
             .get(object)
