@@ -5,9 +5,9 @@ Reads kube-apiserver's OpenAPI v3 document of the core group (api/openapi-spec/v
 api__v1_openapi.json in the k8s.io/kubernetes module) and writes, for every type reachable from
 io.k8s.api.core.v1.PodSpec, its properties and each property's type: a type name (`$ref`), a
 list of one (`[Name]`), a map of one (`{Name}`), or a scalar; and which properties it requires. Descriptions are left out, so the
-file is small and the test that reads it (tests/core/podspec_schema.rs) stays offline.
+file is small and the test that reads it (crates/core/tests/podspec_schema.rs) stays offline.
 
-    scripts/podspec-schema.py 1.37.2 > tests/data/schema/podspec-1.37.2.json
+    scripts/podspec-schema.py 1.37.2 > crates/core/tests/data/podspec-1.37.2.json
 
 The module is fetched through the Go module proxy (`go mod download`) when not cached.
 """

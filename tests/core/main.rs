@@ -5,8 +5,6 @@ use confighash_testkit::build;
 
 mod fuzz_regressions;
 mod patch;
-mod podspec_schema;
-mod recipe_props;
 mod recipe_vectors;
 mod refs;
 mod rules;

@@ -6,11 +6,11 @@
 
 use std::collections::BTreeSet;
 
-use confighash::core::refs::{self, ObjectKind, ObjectRef};
+use confighash_core::refs::{self, ObjectKind, ObjectRef};
 use k8s_openapi::api::core::v1::PodSpec;
 use serde_json::{Map, Value, json};
 
-const SCHEMA: &str = include_str!("../data/schema/podspec-1.37.2.json");
+const SCHEMA: &str = include_str!("data/podspec-1.37.2.json");
 
 /// Counted: the container reads the object's content.
 const REFERENCES: &[&str] = &[
@@ -299,7 +299,7 @@ fn each_reference_is_discovered_and_each_other_field_is_not() {
 
 #[test]
 fn the_docs_name_every_field_that_is_not_a_reference() {
-    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/serve.md"))
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/serve.md"))
         .expect("docs/serve.md");
     let fields = NOT_REFERENCES
         .iter()

@@ -10,11 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use confighash::core::checksum::{
+use confighash_core::checksum::{
     self, MIN_KEY_LEN, ObjectDigest, ObjectView, Recipe, RefState, Stamp, StampKey, Tag,
 };
-use confighash::core::names::IGNORE_ANNOTATION;
-use confighash::core::refs::{ObjectKind, ObjectRef, References, Selection};
+use confighash_core::names::IGNORE_ANNOTATION;
+use confighash_core::refs::{ObjectKind, ObjectRef, References, Selection};
 use hmac::{Hmac, Mac};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
