@@ -64,7 +64,45 @@ pub const TOUCH_FAILED_AFTER: u32 = 2;
 /// error and retry delay of its time, not those of the first.
 pub const TOUCH_FAILED_EVERY: Duration = Duration::from_secs(600);
 /// The touch outcome a dry run counts instead of a touch.
-pub const WOULD_ROLL_OUTCOME: &str = "would-roll";
+pub const WOULD_ROLL_OUTCOME: &str = Touched::WouldRoll.as_str();
+
+/// How a touch ended, as `confighash_touches_total{outcome}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touched {
+    /// The patch took: the template carries the stamp.
+    Touched,
+    /// The webhook kept the old stamp.
+    KeptByWebhook,
+    /// The workload no longer carried what the touch expected: nothing written.
+    Stale,
+    Error,
+    Gone,
+    /// A dry run's touch, not made.
+    WouldRoll,
+}
+
+impl Touched {
+    pub const ALL: [Touched; 6] = [
+        Touched::Touched,
+        Touched::KeptByWebhook,
+        Touched::Stale,
+        Touched::Error,
+        Touched::Gone,
+        Touched::WouldRoll,
+    ];
+
+    /// The metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Touched::Touched => "touched",
+            Touched::KeptByWebhook => "kept-by-webhook",
+            Touched::Stale => "stale",
+            Touched::Error => "error",
+            Touched::Gone => "gone",
+            Touched::WouldRoll => "would-roll",
+        }
+    }
+}
 /// Workloads created within this of the watcher's start (or of their namespace opting in) are
 /// not counted as bypassing the webhook: the webhook may not have been reachable yet (readiness,
 /// endpoints), and the clocks of the node and the API server may differ a little.
@@ -584,7 +622,7 @@ impl State {
     fn forget(&mut self, key: &WorkloadKey) {
         self.per_workload.remove(key);
         self.touches.forget(key);
-        self.rollouts.stop(key, "gone");
+        self.rollouts.stop(key, follow::Ended::Gone);
     }
 }
 

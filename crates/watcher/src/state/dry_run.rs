@@ -11,7 +11,7 @@ impl State {
         };
         let (uid, rolls_by_itself) = (entry.uid.clone(), entry.rolls_by_itself);
         let over = entry.stamp.clone();
-        self.metrics.touch(WOULD_ROLL_OUTCOME);
+        self.metrics.touch(Touched::WouldRoll.as_str());
         tracing::info!(workload = %key, stamp = %expected, changed = ?pending.changed,
             "dry run: would re-stamp the pod template");
         self.workload_state(&key).would_roll = Some(WouldRoll {

@@ -65,6 +65,41 @@ pub(super) struct Following {
 /// of the controller's work may come before it).
 pub(super) type WatchedInFlight = (Option<String>, Option<Progress>);
 
+/// How a followed rollout ended, as `confighash_rollouts_total{outcome}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Complete,
+    Stalled,
+    /// The workload went (deleted, or its namespace terminating).
+    Gone,
+    /// A newer write of the template (another touch, an update) replaced what was followed.
+    Superseded,
+    /// Let go without an outcome: paused, no outcome reported in time, or leadership lost.
+    Abandoned,
+}
+
+impl Ended {
+    #[cfg(test)]
+    pub const ALL: [Ended; 5] = [
+        Ended::Complete,
+        Ended::Stalled,
+        Ended::Gone,
+        Ended::Superseded,
+        Ended::Abandoned,
+    ];
+
+    /// The metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Ended::Complete => "complete",
+            Ended::Stalled => "stalled",
+            Ended::Gone => "gone",
+            Ended::Superseded => "superseded",
+            Ended::Abandoned => "abandoned",
+        }
+    }
+}
+
 /// The rollouts the leader follows, each until its outcome is known: a part of [`State`](super::State) that
 /// owns its records. What it has to say comes out as Events for the caller to record and as
 /// outcomes counted in `confighash_rollouts_total`.
@@ -101,7 +136,7 @@ impl Rollouts {
         events: &mut Vec<WorkloadEvent>,
     ) {
         let kind = key.kind.kind();
-        self.stop(key, "superseded");
+        self.stop(key, Ended::Superseded);
         if touch.pending.changed.is_empty() || !touch.rolls_by_itself || !has_rollout(kind) {
             return;
         }
@@ -143,13 +178,13 @@ impl Rollouts {
                 // The template was written again since the touch: its rollout is not the one
                 // followed any more (a new touch of ours follows its own).
                 tracing::debug!(workload = %key, "its template changed again: rollout no longer followed");
-                self.stop(key, "superseded");
+                self.stop(key, Ended::Superseded);
             }
             return;
         }
         if !entry.rolls_by_itself {
             tracing::debug!(workload = %key, "paused: rollout no longer followed");
-            self.stop(key, "abandoned");
+            self.stop(key, Ended::Abandoned);
             return;
         }
         self.seen(key, entry.rollout, now, events);
@@ -172,7 +207,7 @@ impl Rollouts {
                 let Some(f) = self.following.remove(key) else {
                     return;
                 };
-                self.metrics.rollout_outcome("complete");
+                self.metrics.rollout_outcome(Ended::Complete.as_str());
                 if let Some(changed_at) = f.changed_at {
                     self.metrics.observe_rollout_latency(
                         now.saturating_duration_since(changed_at).as_secs_f64(),
@@ -208,7 +243,7 @@ impl Rollouts {
 
     /// The Warning `RolloutStalled` for a rollout no longer followed.
     fn stalled(&self, key: &WorkloadKey, f: Following, why: &str, now: Instant) -> WorkloadEvent {
-        self.metrics.rollout_outcome("stalled");
+        self.metrics.rollout_outcome(Ended::Stalled.as_str());
         tracing::warn!(workload = %key, changed = f.what, why, "rollout stalled");
         WorkloadEvent {
             workload: key.clone(),
@@ -247,7 +282,7 @@ impl Rollouts {
                 }
                 _ => {
                     tracing::info!(workload = %key, "no rollout outcome reported in time: no longer followed");
-                    self.metrics.rollout_outcome("abandoned");
+                    self.metrics.rollout_outcome(Ended::Abandoned.as_str());
                 }
             }
         }
@@ -259,22 +294,18 @@ impl Rollouts {
     }
 
     /// Lets go of a workload's followed rollout, if any, counting how it ended.
-    pub(super) fn stop(&mut self, key: &WorkloadKey, outcome: &'static str) {
+    pub(super) fn stop(&mut self, key: &WorkloadKey, outcome: Ended) {
         if self.following.remove(key).is_some() {
-            self.metrics.rollout_outcome(outcome);
+            self.metrics.rollout_outcome(outcome.as_str());
         }
     }
 
     /// Lets go of the followed rollouts `drop` selects, counting them as `outcome`.
-    pub(super) fn stop_all(
-        &mut self,
-        outcome: &'static str,
-        mut drop: impl FnMut(&WorkloadKey) -> bool,
-    ) {
+    pub(super) fn stop_all(&mut self, outcome: Ended, mut drop: impl FnMut(&WorkloadKey) -> bool) {
         let before = self.following.len();
         self.following.retain(|k, _| !drop(k));
         for _ in self.following.len()..before {
-            self.metrics.rollout_outcome(outcome);
+            self.metrics.rollout_outcome(outcome.as_str());
         }
     }
 }

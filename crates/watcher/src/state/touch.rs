@@ -200,7 +200,7 @@ impl State {
             TouchResult::Patched(stamp)
                 if stamp != touch.old || stamp.as_deref() == Some(&touch.expected) =>
             {
-                self.metrics.touch("touched");
+                self.metrics.touch(Touched::Touched.as_str());
                 let wrote = stamp.as_deref() == Some(&touch.expected);
                 (self.touches).took(&key, wrote.then_some(touch.expected.as_str()));
                 if wrote {
@@ -228,7 +228,7 @@ impl State {
                 // The webhook turned the touch back: its lookup failed, it may not read the
                 // references, or it decided otherwise. The write was still stored (its watch
                 // event comes like any other), but the pod template did not change.
-                self.metrics.touch("kept-by-webhook");
+                self.metrics.touch(Touched::KeptByWebhook.as_str());
                 tracing::warn!("the webhook kept the old stamp");
                 let what = "the webhook kept the old stamp (it could not read the referenced \
                             ConfigMaps and Secrets, or decided otherwise), so the pod template \
@@ -239,7 +239,7 @@ impl State {
                 // The workload changed since the watcher last saw it (a touch by another leader,
                 // a write the webhook stamped): nothing was written, no Event. The workload as
                 // it is now was reported before this result, and is decided again on it.
-                self.metrics.touch("stale");
+                self.metrics.touch(Touched::Stale.as_str());
                 tracing::info!(
                     "the workload no longer carried what the touch expected; deciding again"
                 );
@@ -249,11 +249,11 @@ impl State {
                 p.due = Some(now);
             }
             TouchResult::Gone => {
-                self.metrics.touch("gone");
+                self.metrics.touch(Touched::Gone.as_str());
                 self.touches.end_backoff(&key);
             }
             TouchResult::Failed(e) => {
-                self.metrics.touch("error");
+                self.metrics.touch(Touched::Error.as_str());
                 let (TouchError::Forbidden(error) | TouchError::Other(error)) = &e;
                 tracing::warn!(error = %error, "touch failed");
                 let what = match &e {

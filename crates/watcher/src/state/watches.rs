@@ -147,7 +147,8 @@ impl State {
     /// for). A touch in flight there ends without an Event or a retry.
     pub(super) fn terminate(&mut self, namespace: &str) {
         let dropped = self.touches.terminate(namespace);
-        self.rollouts.stop_all("gone", |k| k.namespace == namespace);
+        self.rollouts
+            .stop_all(follow::Ended::Gone, |k| k.namespace == namespace);
         tracing::info!(
             namespace,
             dropped,
@@ -270,7 +271,7 @@ impl State {
         self.waves_leadership(leader);
         if !leader {
             // A new leader does not know what this one followed.
-            self.rollouts.stop_all("abandoned", |_| true);
+            self.rollouts.stop_all(follow::Ended::Abandoned, |_| true);
             self.touches.leadership_lost();
         }
         if leader && self.is_synced() {

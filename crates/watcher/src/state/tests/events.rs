@@ -200,3 +200,15 @@ fn a_watch_event_older_than_a_touchs_response_does_not_bring_the_old_stamp_back(
         "a stale stamp is checked a window later"
     );
 }
+
+#[test]
+fn outcome_labels_are_those_the_metrics_declare() {
+    assert_eq!(
+        Touched::ALL.map(Touched::as_str),
+        confighash_metrics::TOUCH_OUTCOMES
+    );
+    assert_eq!(
+        follow::Ended::ALL.map(follow::Ended::as_str),
+        confighash_metrics::ROLLOUT_OUTCOMES
+    );
+}
