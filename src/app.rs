@@ -25,14 +25,15 @@ use crate::cluster::get::Getter;
 use crate::metrics::Metrics;
 use crate::serving::health::Health;
 use crate::serving::server::Limits as ConnectionLimits;
+use crate::serving::server::{
+    AdminLimits, Fit, NoRoom, RESERVED_FILES, ServeError, fit_max_connections, open_file_limit,
+    raise_open_file_limit,
+};
 use crate::serving::tls::{CertStore, ClientCaStore};
 use crate::watcher::WatcherConfig;
 use crate::watcher::leader::{LeaderConfig, Leadership};
 use crate::webhook::admission::{self, Webhook};
-use crate::webhook::server::{
-    AdminLimits, Fit, Limits, NoRoom, RESERVED_FILES, Running, ServeConfig, ServeError,
-    fit_max_connections, open_file_limit, raise_open_file_limit, start_with,
-};
+use crate::webhook::server::{Limits, Running, ServeConfig, start_with};
 
 /// Why `confighash serve` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +74,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// `--lookup-deadline` needs it). The API server gives up after the configuration's
 /// `timeoutSeconds` (5 s in `deploy/`) anyway; this bounds what a client that is not the API
 /// server can hold.
-const REQUEST_TIMEOUT: Duration = admission::DEFAULT_REQUEST_TIMEOUT;
+const REQUEST_TIMEOUT: Duration = crate::serving::server::DEFAULT_REQUEST_TIMEOUT;
 /// The lookups must fit in the request timeout, with this to spare for the body.
 const REQUEST_SLACK: Duration = Duration::from_secs(5);
 /// In-flight requests get this long at shutdown (below the pod's 30 s grace period, with
@@ -236,7 +237,7 @@ impl Default for Config {
                 self_signed: None,
             },
             client_ca_file: None,
-            max_connections: crate::webhook::server::DEFAULT_MAX_CONNECTIONS,
+            max_connections: crate::serving::server::DEFAULT_MAX_CONNECTIONS,
             lookup_deadline: admission::DEFAULT_LOOKUP_DEADLINE,
             max_references: crate::core::names::DEFAULT_MAX_REFERENCES,
             max_reference_bytes: crate::core::names::DEFAULT_MAX_REFERENCE_BYTES,

@@ -269,7 +269,7 @@ pub struct ServeArgs {
     /// Lowered at start, with a warning, when it does not fit under the open-file limit (raised
     /// to the hard limit first) with the admin port's 64 connections and 256 files kept aside.
     /// With --client-ca-file, half of it is reserved for clients with a valid certificate.
-    #[arg(long, env = "CONFIGHASH_MAX_CONNECTIONS", value_name = "N", default_value_t = crate::webhook::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
+    #[arg(long, env = "CONFIGHASH_MAX_CONNECTIONS", value_name = "N", default_value_t = crate::serving::server::DEFAULT_MAX_CONNECTIONS, value_parser = parse_max_connections)]
     pub max_connections: usize,
     /// Require of the webhook's clients a certificate signed by this CA (PEM; several
     /// certificates are all trusted), re-read when it changes. Clients with one get connection

@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use confighash::serving::server::Limits as ConnectionLimits;
-use confighash::webhook::server::{AdminLimits, Limits};
+use confighash::serving::server::{AdminLimits, Limits as ConnectionLimits};
+use confighash::webhook::server::Limits;
 use confighash_testkit::apiserver::ApiServer;
 use ports::{DEADLINE, Http, closed_within, open_silent, probe, read_to_close};
 use tokio::net::TcpStream;
@@ -314,7 +314,7 @@ async fn the_default_addresses_accept_ipv4_and_ipv6_clients() {
 #[tokio::test]
 async fn listen_takes_ipv4_clients_on_the_unspecified_ipv6_address() {
     for addr in ["[::]:0", "0.0.0.0:0", "127.0.0.1:0"] {
-        let listener = confighash::webhook::server::listen(addr.parse().unwrap()).unwrap();
+        let listener = confighash::serving::server::listen(addr.parse().unwrap()).unwrap();
         let local = listener.local_addr().unwrap();
         if local.is_ipv6() {
             // Whatever the host's net.ipv6.bindv6only says.

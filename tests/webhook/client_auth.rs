@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use confighash::cli::{Cli, Command};
-use confighash::serving::server::Limits as ConnectionLimits;
+use confighash::serving::server::{Limits as ConnectionLimits, reserved_connections};
 use confighash::serving::tls::{ClientCaStore, TlsError};
-use confighash::webhook::server::{Limits, reserved_connections};
+use confighash::webhook::server::Limits;
 use confighash_testkit::apiserver::{ServingPair, TestCa};
 use ports::{DEADLINE, Http, Server, closed_within, open_silent, read_to_close};
 use tokio::time::Instant;

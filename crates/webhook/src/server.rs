@@ -11,12 +11,9 @@ use confighash_serving::tls::{CertStore, ClientCaStore};
 
 use crate::admission::{self, ReviewLimits, Webhook};
 
-pub use serving::{
-    API_SERVER_IDLE, AdminLimits, DEFAULT_ADMIN_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_REQUEST_TIMEOUT, Fit, NoRoom, OpenFileLimit, RESERVED_FILES, ServeError,
-    fit_max_connections, ipv4_fallback, listen, open_file_limit, raise_open_file_limit,
-    reserved_connections,
-};
+// The server's own names (its limits, errors, listening and open-file helpers) are reached at
+// `confighash_serving::server`; this module adds only what serving the webhook takes.
+use serving::ServeError;
 
 /// Everything a running webhook needs.
 pub struct ServeConfig {
