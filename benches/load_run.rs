@@ -68,7 +68,7 @@ use confighash::serving::health::Health;
 use confighash::serving::tls::CertStore;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::lookup::{self, Fetched, KubeSource};
-use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash::webhook::server::{self as serve, RunningWebhook, WebhookServeConfig};
 use confighash_testkit::apiserver::server::InjectedFault;
 use confighash_testkit::apiserver::{ApiServer, HttpsClient, TestCa};
 use futures::StreamExt;
@@ -482,7 +482,7 @@ async fn expected_stamp(key: &StampKey, namespace: &str) -> String {
 
 struct Env {
     api: ApiServer,
-    running: Running,
+    running: RunningWebhook,
     metrics: Arc<Metrics>,
     url: String,
     addr: SocketAddr,
@@ -585,7 +585,7 @@ async fn start(options: &Options) -> Env {
         )
         .with_lookup_deadline(LOOKUP_DEADLINE),
     );
-    let running = serve::start(ServeConfig {
+    let running = serve::start(WebhookServeConfig {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
         certs: CertStore::load(volume.cert(), volume.key()).expect("the serving pair"),

@@ -39,7 +39,7 @@ use confighash::metrics::Metrics;
 use confighash::serving::health::Health;
 use confighash::serving::tls::{ALPN_PROTOCOLS, CertStore};
 use confighash::webhook::admission::Webhook;
-use confighash::webhook::server::{self as serve, Running, ServeConfig};
+use confighash::webhook::server::{self as serve, RunningWebhook, WebhookServeConfig};
 use confighash_testkit::apiserver::{HttpsClient, TestCerts};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -478,7 +478,7 @@ async fn run(options: Options) -> u64 {
         "the stale stamp is replaced: {expected}"
     );
     let expected = Bytes::from(serde_json::to_vec(&expected).expect("JSON"));
-    let running: Running = serve::start(ServeConfig {
+    let running: RunningWebhook = serve::start(WebhookServeConfig {
         listen: "127.0.0.1:0".parse().expect("an address"),
         admin_listen: "127.0.0.1:0".parse().expect("an address"),
         certs: CertStore::load(&cert_path, &key_path).expect("the serving pair"),

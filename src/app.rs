@@ -33,7 +33,7 @@ use crate::serving::tls::{CertStore, ClientCaStore};
 use crate::watcher::WatcherConfig;
 use crate::watcher::leader::{LeaderConfig, Leadership};
 use crate::webhook::admission::{self, Webhook};
-use crate::webhook::server::{Limits, Running, ServeConfig, start_with};
+use crate::webhook::server::{RunningWebhook, WebhookLimits, WebhookServeConfig, start_with};
 
 /// Why `confighash serve` stopped.
 #[derive(Debug, thiserror::Error)]
@@ -627,9 +627,9 @@ impl App {
 
     /// The bounds of the two ports: `--max-connections`, and a request timeout the lookup
     /// deadline fits in.
-    pub fn limits(config: &Config) -> Limits {
-        let defaults = Limits::default();
-        Limits {
+    pub fn limits(config: &Config) -> WebhookLimits {
+        let defaults = WebhookLimits::default();
+        WebhookLimits {
             connections: ConnectionLimits {
                 max_connections: config.max_connections,
                 // The lookups must fit, with time to spare for the body.
@@ -646,8 +646,8 @@ impl App {
         certs: Arc<CertStore>,
         client_ca: Option<Arc<ClientCaStore>>,
         webhook: Arc<Webhook>,
-    ) -> ServeConfig {
-        ServeConfig {
+    ) -> WebhookServeConfig {
+        WebhookServeConfig {
             listen: config.listen,
             admin_listen: config.admin_listen,
             certs,
@@ -666,7 +666,7 @@ impl App {
         certs: Arc<CertStore>,
         client_ca: Option<Arc<ClientCaStore>>,
         webhook: Arc<Webhook>,
-    ) -> Result<Running, RunError> {
+    ) -> Result<RunningWebhook, RunError> {
         Ok(start_with(
             Self::serve_config(config, certs, client_ca, webhook),
             Self::limits(config),
@@ -716,7 +716,7 @@ fn identity(config: &Config) -> String {
 /// server: see [`Serving::shutdown`].
 pub struct Serving {
     shared: Shared,
-    server: Running,
+    server: RunningWebhook,
     watcher: Tasks,
     background: Tasks,
 }
@@ -724,7 +724,7 @@ pub struct Serving {
 /// The tasks of a [`Serving`], for a harness that stops and restarts them one by one.
 pub struct Parts {
     /// The webhook and admin ports.
-    pub server: Running,
+    pub server: RunningWebhook,
     /// The watcher, unless started [without it](App::start_without_watcher).
     pub watcher: Option<JoinHandle<()>>,
     /// The key watch, the certificate upkeep and leader election, as configured: abort them to
@@ -742,7 +742,7 @@ impl Serving {
     }
 
     /// The webhook and admin ports.
-    pub fn server(&self) -> &Running {
+    pub fn server(&self) -> &RunningWebhook {
         &self.server
     }
 
@@ -762,7 +762,7 @@ impl Serving {
 
     /// Stops the watcher and the background tasks, releases the Lease when this replica leads
     /// (so that another takes over at once instead of when it expires), and stops the server
-    /// gracefully ([`Running::shutdown`]).
+    /// gracefully ([`RunningWebhook::shutdown`]).
     pub async fn shutdown(self) {
         let Serving {
             shared:

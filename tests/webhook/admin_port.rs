@@ -12,20 +12,20 @@ use std::path::Path;
 use std::time::Duration;
 
 use confighash::serving::server::{AdminLimits, Limits as ConnectionLimits};
-use confighash::webhook::server::Limits;
+use confighash::webhook::server::WebhookLimits;
 use confighash_testkit::apiserver::ApiServer;
 use ports::{DEADLINE, Http, closed_within, open_silent, probe, read_to_close};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 /// Webhook limits as `serve` has them, with these admin limits.
-fn limits(admin: AdminLimits) -> Limits {
-    Limits {
+fn limits(admin: AdminLimits) -> WebhookLimits {
+    WebhookLimits {
         connections: ConnectionLimits {
             admin,
-            ..Limits::default().connections
+            ..WebhookLimits::default().connections
         },
-        ..Limits::default()
+        ..WebhookLimits::default()
     }
 }
 
@@ -253,7 +253,7 @@ async fn the_webhook_accepts_while_the_admin_port_is_flooded() {
 /// The admin port's defaults: 64 connections, a 5 s header timeout, 30 s idle.
 #[test]
 fn admin_defaults() {
-    let admin = Limits::default().connections.admin;
+    let admin = WebhookLimits::default().connections.admin;
     assert_eq!(admin.max_connections, 64);
     assert_eq!(admin.header_read_timeout, Duration::from_secs(5));
     assert_eq!(admin.idle_timeout, Duration::from_secs(30));
@@ -280,7 +280,7 @@ async fn the_default_addresses_accept_ipv4_and_ipv6_clients() {
     let server = ports::start_at(
         SocketAddr::new(args.listen.ip(), 0),
         SocketAddr::new(args.admin_listen.ip(), 0),
-        Limits::default(),
+        WebhookLimits::default(),
         Duration::from_secs(10),
         None,
         Duration::from_secs(60),
@@ -339,7 +339,7 @@ async fn listen_takes_ipv4_clients_on_the_unspecified_ipv6_address() {
 /// whose labels are known in advance, at 0, so alerts on `increase()` see the first one counted.
 #[tokio::test]
 async fn a_scrape_right_after_start_shows_the_build_and_every_known_series_at_zero() {
-    let server = ports::start(Limits::default(), Duration::from_secs(10), None).await;
+    let server = ports::start(WebhookLimits::default(), Duration::from_secs(10), None).await;
     let (status, body, _) = probe(server.running.admin_addr, "/metrics")
         .await
         .expect("an answer");

@@ -15,7 +15,7 @@ use clap::Parser;
 use confighash::cli::{Cli, Command};
 use confighash::serving::server::{Limits as ConnectionLimits, reserved_connections};
 use confighash::serving::tls::{ClientCaStore, TlsError};
-use confighash::webhook::server::Limits;
+use confighash::webhook::server::WebhookLimits;
 use confighash_testkit::apiserver::{ServingPair, TestCa};
 use ports::{DEADLINE, Http, Server, closed_within, open_silent, read_to_close};
 use tokio::time::Instant;
@@ -50,12 +50,12 @@ impl ClientCa {
 
 async fn start(max_connections: usize, client_ca: Option<&ClientCa>) -> Server {
     ports::start(
-        Limits {
+        WebhookLimits {
             connections: ConnectionLimits {
                 max_connections,
-                ..Limits::default().connections
+                ..WebhookLimits::default().connections
             },
-            ..Limits::default()
+            ..WebhookLimits::default()
         },
         // Longer than any test: connections that stall stay until something closes them.
         Duration::from_secs(60),
@@ -318,7 +318,7 @@ async fn a_new_client_ca_is_used_from_the_next_handshake() {
 async fn the_client_ca_file_is_polled() {
     let client_ca = ClientCa::new("first client CA");
     let server = ports::start_polling(
-        Limits::default(),
+        WebhookLimits::default(),
         Duration::from_secs(10),
         Some(client_ca.store.clone()),
         Duration::from_millis(20),

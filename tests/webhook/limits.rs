@@ -20,7 +20,7 @@ use confighash::serving::server::Limits as ConnectionLimits;
 use confighash::webhook::admission::{MAX_BODY, REVIEW_ALLOWANCE};
 use confighash::webhook::budget::MemoryBudget;
 use confighash::webhook::lookup::{Fetched, ObjectSource, ReadError};
-use confighash::webhook::server::Limits;
+use confighash::webhook::server::WebhookLimits;
 use futures::future::BoxFuture;
 use harness::{NoObjects, ServeSettings, Served};
 use http_body_util::combinators::BoxBody;
@@ -39,9 +39,9 @@ use tokio_rustls::client::TlsStream;
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const KEY: &[u8] = b"limits.rs: a key of 32 bytes!!!!";
 
-/// Limits for tests: generous, except where a test shortens one.
-fn limits() -> Limits {
-    Limits {
+/// WebhookLimits for tests: generous, except where a test shortens one.
+fn limits() -> WebhookLimits {
+    WebhookLimits {
         connections: ConnectionLimits {
             max_connections: 64,
             request_timeout: Duration::from_secs(5),
@@ -49,27 +49,27 @@ fn limits() -> Limits {
             http2_keep_alive_interval: Duration::from_secs(30),
             http2_keep_alive_timeout: Duration::from_secs(10),
             http2_max_concurrent_streams: 16,
-            ..Limits::default().connections
+            ..WebhookLimits::default().connections
         },
         review_memory: 64 * 1024 * 1024,
     }
 }
 
 /// [`limits`] with these connection bounds.
-fn with_connections(connections: ConnectionLimits) -> Limits {
-    Limits {
+fn with_connections(connections: ConnectionLimits) -> WebhookLimits {
+    WebhookLimits {
         connections,
         ..limits()
     }
 }
 
-async fn start(header_read_timeout: Duration, limits: Limits) -> Served {
+async fn start(header_read_timeout: Duration, limits: WebhookLimits) -> Served {
     start_with_source(header_read_timeout, limits, Arc::new(NoObjects)).await
 }
 
 async fn start_with_source(
     header_read_timeout: Duration,
-    limits: Limits,
+    limits: WebhookLimits,
     source: Arc<dyn ObjectSource>,
 ) -> Served {
     let webhook = harness::webhook(source, KEY).with_lookup_deadline(Duration::from_secs(2));
@@ -543,7 +543,7 @@ async fn wait_review_memory(server: &Served, bytes: usize) {
 async fn reviews_beyond_the_memory_budget_get_503() {
     let server = start(
         Duration::from_secs(5),
-        Limits {
+        WebhookLimits {
             connections: ConnectionLimits {
                 request_timeout: Duration::from_secs(30),
                 ..limits().connections
@@ -784,7 +784,7 @@ fn max_connections_flag() {
         })
     };
     assert_eq!(parse(&[]).unwrap(), 1024);
-    assert_eq!(Limits::default().connections.max_connections, 1024);
+    assert_eq!(WebhookLimits::default().connections.max_connections, 1024);
     assert_eq!(parse(&["--max-connections", "16"]).unwrap(), 16);
     for bad in ["0", "-1", "many", "1000001"] {
         assert!(parse(&["--max-connections", bad]).is_err(), "{bad}");

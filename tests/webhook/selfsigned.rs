@@ -16,7 +16,7 @@ use confighash::serving::health::Health;
 use confighash::serving::tls::CertStore;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::lookup::KubeSource;
-use confighash::webhook::server::{self as serve, ServeConfig};
+use confighash::webhook::server::{self as serve, WebhookServeConfig};
 use confighash_testkit::apiserver::{ApiServer, HttpsClient};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
@@ -71,9 +71,9 @@ async fn published_bundle(client: &kube::Client) -> String {
     bundles[0].clone()
 }
 
-async fn start_webhook(client: &kube::Client, dir: &std::path::Path) -> serve::Running {
+async fn start_webhook(client: &kube::Client, dir: &std::path::Path) -> serve::RunningWebhook {
     let certs = CertStore::load(dir.join("tls.crt"), dir.join("tls.key")).unwrap();
-    serve::start(ServeConfig {
+    serve::start(WebhookServeConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
         certs,

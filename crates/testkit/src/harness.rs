@@ -20,7 +20,9 @@ use confighash::serving::tls::CertStore;
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::budget::MemoryBudget;
 use confighash::webhook::lookup::{Fetched, KubeSource, ObjectSource, ReadError};
-use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
+use confighash::webhook::server::{
+    self as serve, RunningWebhook, WebhookLimits, WebhookServeConfig,
+};
 use futures::future::BoxFuture;
 use k8s_openapi::NamespaceResourceScope;
 use rustls::pki_types::ServerName;
@@ -135,7 +137,7 @@ pub struct ServeSettings {
     pub header_read_timeout: Duration,
     pub cert_poll: Duration,
     pub drain_timeout: Duration,
-    pub limits: Limits,
+    pub limits: WebhookLimits,
 }
 
 impl Default for ServeSettings {
@@ -144,7 +146,7 @@ impl Default for ServeSettings {
             header_read_timeout: Duration::from_secs(2),
             cert_poll: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(1),
-            limits: Limits::default(),
+            limits: WebhookLimits::default(),
         }
     }
 }
@@ -152,7 +154,7 @@ impl Default for ServeSettings {
 /// A webhook served over TLS on loopback, and what a test reaches it with.
 pub struct Served {
     /// `None` once a test has taken it to shut it down.
-    pub running: Option<Running>,
+    pub running: Option<RunningWebhook>,
     /// The webhook port.
     pub addr: SocketAddr,
     /// `https://127.0.0.1:<port>/mutate`.
@@ -177,7 +179,7 @@ pub async fn serve(webhook: Webhook, settings: ServeSettings) -> Served {
     let store = CertStore::load(dir.path().join("tls.crt"), dir.path().join("tls.key")).unwrap();
     let metrics = webhook.metrics().clone();
     let running = serve::start_with(
-        ServeConfig {
+        WebhookServeConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
             admin_listen: "127.0.0.1:0".parse().unwrap(),
             certs: store,
@@ -206,7 +208,7 @@ pub async fn serve(webhook: Webhook, settings: ServeSettings) -> Served {
 
 impl Served {
     /// The running server (unless a test has taken it).
-    pub fn running(&self) -> &Running {
+    pub fn running(&self) -> &RunningWebhook {
         self.running.as_ref().expect("the server is running")
     }
 

@@ -16,7 +16,9 @@ use confighash::serving::tls::{CertStore, ClientCaStore};
 use confighash::webhook::admission::Webhook;
 use confighash::webhook::budget::MemoryBudget;
 use confighash::webhook::lookup::{Fetched, ObjectSource, ReadError};
-use confighash::webhook::server::{self as serve, Limits, Running, ServeConfig};
+use confighash::webhook::server::{
+    self as serve, RunningWebhook, WebhookLimits, WebhookServeConfig,
+};
 use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -46,7 +48,7 @@ impl ObjectSource for NoObjects {
 }
 
 pub struct Server {
-    pub running: Running,
+    pub running: RunningWebhook,
     /// The CA of the serving certificate: what clients trust.
     pub ca_pem: String,
     pub metrics: Arc<Metrics>,
@@ -57,7 +59,7 @@ pub struct Server {
 /// within `limits`, with `header_read_timeout` on the webhook port, requiring client
 /// certificates signed by `client_ca` if given.
 pub async fn start(
-    limits: Limits,
+    limits: WebhookLimits,
     header_read_timeout: Duration,
     client_ca: Option<Arc<ClientCaStore>>,
 ) -> Server {
@@ -72,7 +74,7 @@ pub async fn start(
 
 /// [`start`], re-reading the certificate files and the client CA every `cert_poll`.
 pub async fn start_polling(
-    limits: Limits,
+    limits: WebhookLimits,
     header_read_timeout: Duration,
     client_ca: Option<Arc<ClientCaStore>>,
     cert_poll: Duration,
@@ -93,7 +95,7 @@ pub async fn start_polling(
 pub async fn start_at(
     listen: SocketAddr,
     admin_listen: SocketAddr,
-    limits: Limits,
+    limits: WebhookLimits,
     header_read_timeout: Duration,
     client_ca: Option<Arc<ClientCaStore>>,
     cert_poll: Duration,
@@ -113,7 +115,7 @@ pub async fn start_at(
         metrics.clone(),
     ));
     let running = serve::start_with(
-        ServeConfig {
+        WebhookServeConfig {
             listen,
             admin_listen,
             certs: store,
@@ -138,7 +140,7 @@ pub async fn start_at(
 
 impl Server {
     /// Polls until `count()` is `n`.
-    pub async fn wait_for(&self, what: &str, n: usize, count: impl Fn(&Running) -> usize) {
+    pub async fn wait_for(&self, what: &str, n: usize, count: impl Fn(&RunningWebhook) -> usize) {
         let deadline = Instant::now() + DEADLINE;
         loop {
             let now = count(&self.running);
@@ -152,14 +154,18 @@ impl Server {
 
     /// Polls until the webhook port has `n` connections open.
     pub async fn wait_connections(&self, n: usize) {
-        self.wait_for("webhook connections", n, |r: &Running| r.connections())
-            .await;
+        self.wait_for("webhook connections", n, |r: &RunningWebhook| {
+            r.connections()
+        })
+        .await;
     }
 
     /// Polls until the admin port has `n` connections open.
     pub async fn wait_admin_connections(&self, n: usize) {
-        self.wait_for("admin connections", n, |r: &Running| r.admin_connections())
-            .await;
+        self.wait_for("admin connections", n, |r: &RunningWebhook| {
+            r.admin_connections()
+        })
+        .await;
     }
 }
 

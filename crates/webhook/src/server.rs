@@ -16,7 +16,7 @@ use crate::admission::{self, ReviewLimits, Webhook};
 use serving::ServeError;
 
 /// Everything a running webhook needs.
-pub struct ServeConfig {
+pub struct WebhookServeConfig {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub certs: Arc<CertStore>,
@@ -37,7 +37,7 @@ pub struct ServeConfig {
 
 /// The connection bounds of both ports, and the memory the reviews may hold at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct WebhookLimits {
     pub connections: serving::Limits,
     /// Memory reviews may hold at once, all connections together: their body buffers, what
     /// parsing them takes, and an allowance each ([`ReviewLimits`]). A review that finds no room
@@ -45,9 +45,9 @@ pub struct Limits {
     pub review_memory: usize,
 }
 
-impl Default for Limits {
+impl Default for WebhookLimits {
     fn default() -> Self {
-        Limits {
+        WebhookLimits {
             connections: serving::Limits::default(),
             review_memory: admission::DEFAULT_REVIEW_MEMORY,
         }
@@ -55,13 +55,13 @@ impl Default for Limits {
 }
 
 /// A started webhook: the server, and the review budget it serves with.
-pub struct Running {
+pub struct RunningWebhook {
     server: serving::Running,
     #[cfg(feature = "testkit")]
     reviews: ReviewLimits,
 }
 
-impl std::ops::Deref for Running {
+impl std::ops::Deref for RunningWebhook {
     type Target = serving::Running;
 
     fn deref(&self) -> &serving::Running {
@@ -69,8 +69,8 @@ impl std::ops::Deref for Running {
     }
 }
 
-impl Running {
-    /// Bytes of the review memory budget ([`Limits::review_memory`]) held now.
+impl RunningWebhook {
+    /// Bytes of the review memory budget ([`WebhookLimits::review_memory`]) held now.
     #[cfg(feature = "testkit")]
     pub fn review_memory_in_use(&self) -> usize {
         self.reviews.memory_in_use()
@@ -83,13 +83,16 @@ impl Running {
     }
 }
 
-/// Binds both ports and starts serving, with the default [`Limits`].
-pub async fn start(config: ServeConfig) -> Result<Running, ServeError> {
-    start_with(config, Limits::default()).await
+/// Binds both ports and starts serving, with the default [`WebhookLimits`].
+pub async fn start(config: WebhookServeConfig) -> Result<RunningWebhook, ServeError> {
+    start_with(config, WebhookLimits::default()).await
 }
 
 /// Binds both ports and starts serving within `limits`.
-pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, ServeError> {
+pub async fn start_with(
+    config: WebhookServeConfig,
+    limits: WebhookLimits,
+) -> Result<RunningWebhook, ServeError> {
     let reviews = ReviewLimits::new(limits.connections.request_timeout, limits.review_memory);
     let server = serving::start_with(
         serving::ServeConfig {
@@ -107,7 +110,7 @@ pub async fn start_with(config: ServeConfig, limits: Limits) -> Result<Running, 
         limits.connections,
     )
     .await?;
-    Ok(Running {
+    Ok(RunningWebhook {
         server,
         #[cfg(feature = "testkit")]
         reviews,

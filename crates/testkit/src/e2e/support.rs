@@ -28,7 +28,7 @@ use confighash::core::refs::{ObjectKind, ObjectRef, References};
 use confighash::metrics::Metrics;
 use confighash::watcher::leader::Leadership;
 use confighash::watcher::{self, WatcherConfig};
-use confighash::webhook::server::Running;
+use confighash::webhook::server::RunningWebhook;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -103,7 +103,7 @@ pub struct Env {
     pub metrics: Arc<Metrics>,
     /// The in-process confighash's keys (on a real cluster an unused placeholder).
     pub keys: Arc<KeyStore>,
-    webhook: Option<Running>,
+    webhook: Option<RunningWebhook>,
     watcher: Option<tokio::task::JoinHandle<()>>,
     /// What confighash was started with, and its namespace (None against a real cluster).
     app: Option<(app::Config, String)>,
