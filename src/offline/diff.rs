@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::{
-    InNamespace, Input, InputError, Options, Source, error, named, object, read_input,
+    Input, InputError, NamespaceOfInput, Options, Source, error, named, object, read_input,
     required_namespace,
 };
 use crate::core::checksum::{Entries, RefState};
@@ -293,11 +293,11 @@ pub fn diff(base: &[Source], head: &[Source], options: &Options) -> Result<Repor
             continue;
         };
         let ns = &h.namespace;
-        let base_view = InNamespace {
+        let base_view = NamespaceOfInput {
             configs: &base_input.configs,
             namespace: ns,
         };
-        let head_view = InNamespace {
+        let head_view = NamespaceOfInput {
             configs: &head_input.configs,
             namespace: ns,
         };

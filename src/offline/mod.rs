@@ -266,7 +266,7 @@ pub fn run(sources: &[Source], options: &Options) -> Result<Output, InputError> 
         let name = obj.pointer("/metadata/name").and_then(Value::as_str);
         let ns = required_namespace(&obj, options, kind.kind(), name.unwrap_or("<unnamed>"))
             .map_err(|m| error(sources, doc, m))?;
-        let view = InNamespace {
+        let view = NamespaceOfInput {
             configs: &configs,
             namespace: &ns,
         };
@@ -644,19 +644,19 @@ fn render(sources: &[Source], docs: &[Doc<'_>]) -> Result<String, InputError> {
 }
 
 /// The input's ConfigMaps and Secrets as the recipe sees one namespace.
-struct InNamespace<'a> {
+struct NamespaceOfInput<'a> {
     configs: &'a HashMap<(String, ObjectRef), Config>,
     namespace: &'a str,
 }
 
-impl InNamespace<'_> {
+impl NamespaceOfInput<'_> {
     fn get(&self, object: &ObjectRef) -> Option<&Config> {
         self.configs
             .get(&(self.namespace.to_owned(), object.clone()))
     }
 }
 
-impl rules::View for InNamespace<'_> {
+impl rules::View for NamespaceOfInput<'_> {
     fn state(&self, object: &ObjectRef) -> RefState<'_> {
         crate::core::record::state_of(self.get(object).map(|c| &c.record))
     }

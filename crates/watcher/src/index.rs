@@ -298,7 +298,7 @@ impl ConfigStore {
         with_v1: bool,
         max_bytes: u64,
     ) -> Lookup {
-        let view = InNamespace {
+        let view = NamespaceOfStore {
             store: self,
             namespace,
         };
@@ -307,12 +307,12 @@ impl ConfigStore {
 }
 
 /// The store as the recipe sees one namespace.
-struct InNamespace<'a> {
+struct NamespaceOfStore<'a> {
     store: &'a ConfigStore,
     namespace: &'a str,
 }
 
-impl rules::View for InNamespace<'_> {
+impl rules::View for NamespaceOfStore<'_> {
     fn state(&self, object: &ObjectRef) -> RefState<'_> {
         self.store.state(self.namespace, object)
     }
@@ -321,7 +321,7 @@ impl rules::View for InNamespace<'_> {
 /// One namespace of the store with one object as it was before (`None`: absent), the rest as
 /// now: what a workload's stamp was before that object's change.
 struct AsIf<'a> {
-    inner: InNamespace<'a>,
+    inner: NamespaceOfStore<'a>,
     object: &'a ObjectRef,
     before: Option<(bool, NamedDigest)>,
 }
@@ -354,7 +354,7 @@ impl ConfigStore {
         before: Option<&ObjectRecord>,
     ) -> Lookup {
         let view = AsIf {
-            inner: InNamespace {
+            inner: NamespaceOfStore {
                 store: self,
                 namespace,
             },
